@@ -1,0 +1,44 @@
+"""One error hierarchy for js-etl.
+
+Every error the library raises derives from :class:`JsEtlError` and is *also* marked either
+:class:`TransientError` (retrying the same run later may succeed: an unreachable server, a
+leadership change, a pin held by another run) or :class:`TerminalError` (something must be
+fixed first: bad config, a missing stream, wrong credentials). Retry logic is a type check::
+
+    try:
+        run()
+    except TransientError:
+        schedule_retry()
+
+Server API errors are mapped by ``err_code`` in :mod:`js_etl.jetstream.errors`.
+"""
+
+from __future__ import annotations
+
+
+class JsEtlError(Exception):
+    """Base of every js-etl error. ``str(err)`` is one line a user can act on."""
+
+    exit_code = 1
+
+
+class TransientError(JsEtlError):
+    """Retrying later, unchanged, may succeed."""
+
+    exit_code = 75  # EX_TEMPFAIL: schedulers treat it as "try again"
+
+
+class TerminalError(JsEtlError):
+    """Retrying unchanged will fail again: something must be fixed first."""
+
+    exit_code = 2
+
+
+class ConfigError(TerminalError):
+    """The job configuration is invalid; the message names the key and the fix."""
+
+
+class RunRefusedError(TransientError):
+    """Another run holds this consumer; this run did nothing and may be retried later."""
+
+    exit_code = 73
