@@ -1,0 +1,79 @@
+"""A blocking facade over the async layer, for Spark Python workers and the driver.
+
+Spark reuses Python workers between tasks, and after ``asyncio.run`` a worker has no current
+event loop (measured), so nothing here is global: each session owns a fresh event loop for its
+lifetime. A session is created inside the partition function; only picklable
+:class:`ConnectionOptions` cross to the executors.
+
+>>> with JetStreamSession(options) as js:
+...     puller = js.puller("ORDERS", "orders_to_delta")
+...     result = js.pull(puller, 1000, max_bytes=8 << 20)
+...     js.ack([m.reply for m in result.messages])
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine, Iterable
+from typing import Any, Self, TypeVar
+
+from js_etl.jetstream.ack import Acker
+from js_etl.jetstream.admin import JetStreamAdmin
+from js_etl.jetstream.api import ConsumerInfo, StreamInfo
+from js_etl.jetstream.client import JetStreamConnection
+from js_etl.jetstream.options import ConnectionOptions
+from js_etl.jetstream.pull import Puller, PullResult
+
+T = TypeVar("T")
+
+
+class JetStreamSession:
+    def __init__(self, options: ConnectionOptions) -> None:
+        self._loop = asyncio.new_event_loop()
+        try:
+            self.conn = self._loop.run_until_complete(JetStreamConnection.open(options))
+        except BaseException:
+            self._loop.close()
+            raise
+        self.admin = JetStreamAdmin(self.conn)
+        self.acker = Acker(self.conn)
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run one coroutine of the async layer on this session's loop."""
+        return self._loop.run_until_complete(coro)
+
+    # The calls executors and the driver make all the time; anything else goes through run().
+    def stream_info(self, stream: str) -> StreamInfo:
+        return self.run(self.admin.stream_info(stream))
+
+    def consumer_info(self, stream: str, consumer: str) -> ConsumerInfo:
+        return self.run(self.admin.consumer_info(stream, consumer))
+
+    def puller(self, stream: str, consumer: str, **kw: Any) -> Puller:
+        return Puller(self.conn, stream, consumer, **kw)
+
+    def pull(self, puller: Puller, batch: int, **kw: Any) -> PullResult:
+        return self.run(puller.pull(batch, **kw))
+
+    def ack(self, replies: Iterable[str]) -> int:
+        return self.run(self.acker.ack(replies))
+
+    def nak(self, replies: Iterable[str], delay: float | None = None) -> int:
+        return self.run(self.acker.nak(replies, delay))
+
+    def term(self, replies: Iterable[str], reason: str | None = None) -> int:
+        return self.run(self.acker.term(replies, reason))
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        try:
+            self._loop.run_until_complete(self.conn.close())
+        finally:
+            self._loop.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
