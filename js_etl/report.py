@@ -1,0 +1,45 @@
+"""The run report: one JSON object per run, for logs, ``--report-file``, Airflow XCom and tests."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class RunReport:
+    """What a run did. Built up during the run, then frozen into JSON by :meth:`to_json`."""
+
+    job: str
+    run_id: str
+    stream: str
+    consumer: str
+    target: str
+    dead_letter_target: str
+    started_at: str
+    messages_written: int = 0
+    bytes: int = 0  # payload bytes of messages written and dead-lettered
+    dead_letters: int = 0
+    rounds: int = 0
+    delta_versions: list[int] = field(default_factory=list)
+    dead_letter_versions: list[int] = field(default_factory=list)
+    first_seq: int | None = None
+    last_seq: int | None = None
+    target_seq: int = 0  # the stream's last sequence when the run started
+    pending_before: int = 0
+    pending_after: int | None = None
+    ack_pending_after: int | None = None
+    reacked_at_start: int = 0  # rows of an earlier, unfinished round acked by the fence
+    stopped_because: str = ""
+    seconds: float = 0.0
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+
+    def add_phase(self, phase: str, seconds: float) -> None:
+        self.phase_seconds[phase] = round(self.phase_seconds.get(phase, 0.0) + seconds, 3)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.as_dict(), separators=(",", ":"), sort_keys=False)

@@ -1,0 +1,118 @@
+"""Delta writes tagged with the job's identity, and reading back what a commit holds.
+
+Every round is one Delta transaction per table, tagged twice:
+* ``txnAppId``/``txnVersion`` = job id / round number (Delta's application transaction: a
+  repeated (app, version) is skipped, so replaying a round can never add its rows twice);
+* ``userMetadata`` = a JSON :class:`CommitTag`, so recovery finds the round in the history.
+
+Acks are built from :func:`committed_keys`: the ``(seq, num_delivered, consumer_seq)`` of the
+files that the round's commit added, read back from the table itself.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+ACK_KEY_COLUMNS = ("seq", "num_delivered", "consumer_seq")
+
+
+@dataclass(frozen=True, slots=True)
+class CommitTag:
+    job: str  # "js-etl:<stream>:<consumer>"
+    run: str  # this run's id
+    round: int  # global round number of the job: also the Delta txnVersion
+    ack_prefix: str  # "$JS.ACK.<stream>.<consumer>": acks are rebuilt with it
+    first_seq: int  # lowest and highest stream sequence fetched in the round
+    last_seq: int
+
+    def to_json(self) -> str:
+        return json.dumps({"js_etl": asdict(self)}, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | None) -> CommitTag | None:
+        try:
+            data = json.loads(text or "")["js_etl"]
+            return cls(**data)
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+@dataclass(frozen=True, slots=True)
+class DeltaTarget:
+    """A Delta table by path or by catalog name."""
+
+    path: str | None = None
+    table: str | None = None
+
+    def __str__(self) -> str:
+        return self.table or self.path or "?"
+
+    def exists(self, spark: SparkSession) -> bool:
+        from delta.tables import DeltaTable
+
+        if self.table:
+            return bool(spark.catalog.tableExists(self.table))
+        return bool(DeltaTable.isDeltaTable(spark, self.path))
+
+    def delta_table(self, spark: SparkSession) -> Any:
+        from delta.tables import DeltaTable
+
+        return (DeltaTable.forName(spark, self.table) if self.table
+                else DeltaTable.forPath(spark, self.path))
+
+    def location(self, spark: SparkSession) -> str:
+        if self.path:
+            return self.path.rstrip("/")
+        return str(self.delta_table(spark).detail().first()["location"]).rstrip("/")
+
+    def append(self, df: DataFrame, tag: CommitTag, *, partition_by: list[str],
+               merge_schema: bool) -> None:
+        writer = (df.write.format("delta").mode("append")
+                  .option("txnAppId", tag.job).option("txnVersion", str(tag.round))
+                  .option("userMetadata", tag.to_json()))
+        if partition_by:
+            writer = writer.partitionBy(*partition_by)
+        if merge_schema:
+            writer = writer.option("mergeSchema", "true")
+        if self.table:
+            writer.saveAsTable(self.table)
+        else:
+            writer.save(self.path)
+
+    def job_commits(self, spark: SparkSession, job: str, limit: int = 50
+                    ) -> list[tuple[int, CommitTag]]:
+        """The newest commits of ``job`` (version, tag), newest first."""
+        if not self.exists(spark):
+            return []
+        rows = self.delta_table(spark).history(limit).select("version", "userMetadata").collect()
+        tagged = ((int(r["version"]), CommitTag.from_json(r["userMetadata"])) for r in rows)
+        return [(v, t) for v, t in tagged if t is not None and t.job == job]
+
+    def commit_of(self, spark: SparkSession, tag: CommitTag) -> int | None:
+        """The version that holds this round, or None (nothing was committed for it)."""
+        for version, found in self.job_commits(spark, tag.job, limit=10):
+            if found.round == tag.round:
+                return version
+        return None
+
+
+def committed_keys(spark: SparkSession, target: DeltaTarget, version: int) -> Any:
+    """``(seq, num_delivered, consumer_seq)`` of the rows that commit ``version`` added, as a
+    pyarrow Table. Read from the table's own files, never from the fetch that produced them."""
+    import pyarrow as pa
+
+    location = target.location(spark)
+    log = spark.read.json(f"{location}/_delta_log/{version:020d}.json")
+    if "add" not in log.columns:
+        return pa.table({c: pa.array([], pa.int64()) for c in ACK_KEY_COLUMNS})
+    paths = [r[0] for r in log.where("add IS NOT NULL").select("add.path").collect()]
+    if not paths:
+        return pa.table({c: pa.array([], pa.int64()) for c in ACK_KEY_COLUMNS})
+    files = [p if "://" in p or p.startswith("/") else f"{location}/{unquote(p)}" for p in paths]
+    return spark.read.parquet(*files).select(*ACK_KEY_COLUMNS).toArrow()

@@ -1,0 +1,93 @@
+"""Delta's JVM jars, resolved from Maven Central once into ``.jars/`` and reused offline.
+
+``configure_spark_with_delta_pip`` would resolve through Ivy on every session start (network
+each time) and asks for ``delta-spark_4.2_2.13:<python package version>``. We resolve once with
+Maven and keep only the artifacts pyspark does not already ship: Spark's own classes are loaded
+parent-first, so duplicates (older jackson, parquet, hadoop) would only be dead weight.
+
+    python -m js_etl.spark.jars            # resolve (idempotent), print the jar paths
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from js_etl.errors import TerminalError
+
+DELTA_VERSION = "4.4.0"  # newest delta-spark_4.2_2.13 on Maven Central (there is no 4.4.1 jar)
+DELTA_ARTIFACT = f"io.delta:delta-spark_4.2_2.13:{DELTA_VERSION}"
+_MARKER = "RESOLVED"
+
+_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>js-etl</groupId><artifactId>delta-jars</artifactId><version>1</version>
+  <dependencies><dependency>
+    <groupId>{g}</groupId><artifactId>{a}</artifactId><version>{v}</version>
+  </dependency></dependencies>
+</project>
+"""
+
+
+def default_jar_dir() -> Path:
+    """``$JS_ETL_JARS_DIR``, else ``.jars/delta-<v>`` at the repository root (ignored by git)."""
+    if os.environ.get("JS_ETL_JARS_DIR"):
+        return Path(os.environ["JS_ETL_JARS_DIR"])
+    return Path(__file__).resolve().parents[2] / ".jars" / f"delta-{DELTA_VERSION}"
+
+
+def _artifact_name(jar: str) -> str:
+    return re.sub(r"-\d[\w.\-]*\.jar$", "", jar)
+
+
+def _spark_shipped() -> set[str]:
+    import pyspark  # only for its jars folder; no session is started
+
+    jars = Path(pyspark.__file__).parent / "jars"
+    return {_artifact_name(p.name) for p in jars.glob("*.jar")}
+
+
+def delta_jars(jar_dir: Path | None = None, *, resolve: bool = True) -> list[str]:
+    """Paths of Delta's jars; resolves them with ``mvn`` the first time."""
+    jar_dir = jar_dir or default_jar_dir()
+    if not (jar_dir / _MARKER).exists():
+        if not resolve:
+            raise TerminalError(f"Delta jars missing in {jar_dir}: run `make jars` "
+                                "(or python -m js_etl.spark.jars) once with network access")
+        _resolve(jar_dir)
+    return sorted(str(p) for p in jar_dir.glob("*.jar"))
+
+
+def _resolve(jar_dir: Path) -> None:
+    mvn = shutil.which("mvn")
+    if not mvn:
+        raise TerminalError("Maven (mvn) is needed once to fetch Delta's jars into "
+                            f"{jar_dir}; install it or set JS_ETL_JARS_DIR to a folder of jars")
+    g, a, v = DELTA_ARTIFACT.split(":")
+    with tempfile.TemporaryDirectory(prefix="js-etl-jars-") as tmp:
+        Path(tmp, "pom.xml").write_text(_POM.format(g=g, a=a, v=v))
+        out = Path(tmp, "out")
+        proc = subprocess.run(
+            [mvn, "-q", "-B", "dependency:copy-dependencies", "-DincludeScope=runtime",
+             f"-DoutputDirectory={out}"], cwd=tmp, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise TerminalError(f"mvn could not resolve {DELTA_ARTIFACT}: "
+                                f"{(proc.stdout + proc.stderr).strip()[-800:]}")
+        shipped = _spark_shipped()
+        jar_dir.mkdir(parents=True, exist_ok=True)
+        for jar in out.glob("*.jar"):
+            if _artifact_name(jar.name) not in shipped:
+                shutil.copy2(jar, jar_dir / jar.name)
+    (jar_dir / _MARKER).write_text(DELTA_ARTIFACT + "\n")
+
+
+if __name__ == "__main__":
+    try:
+        print("\n".join(delta_jars()))
+    except TerminalError as e:
+        sys.exit(f"js-etl: {e}")

@@ -1,0 +1,71 @@
+"""Shared fixtures: a real nats-server per test module's needs, one SparkSession per session.
+
+Each test gets its own stream/consumer/table names (``names`` fixture), so tests never see each
+other's data even though they share one server and one Spark.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+os.environ["TZ"] = "UTC"  # collect() returns naive datetimes in the process's local zone
+
+from js_etl.jetstream import ConnectionOptions, JetStreamSession  # noqa: E402
+from js_etl.jetstream.server import LocalNatsServer  # noqa: E402
+
+_counter = itertools.count(1)
+
+
+@pytest.fixture(scope="session")
+def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalNatsServer]:
+    """One real ``nats-server -js`` on a free 127.0.0.1 port with a temporary store."""
+    server = LocalNatsServer(tmp_path_factory.mktemp("nats"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def nats_options(nats_server: LocalNatsServer) -> ConnectionOptions:
+    return ConnectionOptions(servers=(nats_server.url,), name="js-etl-tests", connect_timeout=2)
+
+
+@pytest.fixture
+def js(nats_options: ConnectionOptions) -> Iterator[JetStreamSession]:
+    with JetStreamSession(nats_options) as session:
+        yield session
+
+
+@dataclass(frozen=True)
+class Names:
+    stream: str
+    consumer: str
+    subject: str  # a wildcard covering this test's subjects: "<prefix>.>"
+    prefix: str
+
+
+@pytest.fixture
+def names() -> Names:
+    n = next(_counter)
+    prefix = f"t{n}"
+    return Names(stream=f"S{n}", consumer=f"c{n}", subject=f"{prefix}.>", prefix=prefix)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    """The one local SparkSession (local[2], UI off, UTC, Delta) for the whole test session."""
+    from js_etl.spark.session import local_builder
+
+    session = local_builder("local[2]", "js-etl-tests").getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    try:
+        yield session
+    finally:
+        session.stop()
