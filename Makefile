@@ -1,0 +1,26 @@
+# The two commands of the README: `make demo` and `make test`. Both create (or reuse) .venv,
+# install the project from its own files, and resolve Delta's jars once into .jars/.
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup demo test bench clean
+
+setup: $(STAMP)
+	$(BIN)/python -m js_etl.spark.jars >/dev/null
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev,airflow]'
+	touch $@
+
+demo: setup
+	$(BIN)/js-etl demo
+
+test: setup
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf .demo spark-warehouse metastore_db derby.log .pytest_cache

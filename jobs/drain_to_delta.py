@@ -1,0 +1,15 @@
+"""``spark-submit`` entry point of the drain: the same job, config and flags as ``js-etl drain``.
+
+    spark-submit --master local[2] --jars "$(js-etl jars)" jobs/drain_to_delta.py \
+        --config conf/example.yaml [--set KEY=VALUE ...] [--report-file PATH]
+
+On a cluster, js_etl must be importable on the executors (install the wheel there, or ship it
+with --py-files).
+"""
+
+import sys
+
+from js_etl.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(["drain", *sys.argv[1:]], spark_submit=True))

@@ -1,0 +1,177 @@
+"""The ``js-etl`` command.
+
+    js-etl drain  --config FILE [--set KEY=VALUE ...] [--report-file PATH]
+    js-etl status --config FILE [--set KEY=VALUE ...]
+    js-etl demo   [--messages N] [--keep]
+    js-etl jars                  (Delta's jars, comma-separated, for spark-submit --jars)
+
+``jobs/drain_to_delta.py`` runs the same ``drain`` under ``spark-submit``. Exit codes: 0 success,
+2 a terminal error (fix something first), 73 refused (another run holds the consumer), 75 a
+transient error (retry later), 1 anything unexpected. The last stderr line of a failure is one
+line saying why; the last stdout line of a success is the run report as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from js_etl.config import JobConfig, load_config
+from js_etl.errors import JsEtlError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+log = logging.getLogger("js_etl")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="js-etl", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def with_config(p: argparse.ArgumentParser, required: bool = True) -> None:
+        p.add_argument("--config", "-c", required=required, help="job config YAML")
+        p.add_argument("--set", dest="overrides", action="append", default=[],
+                       metavar="KEY=VALUE", help="override a config key (repeatable)")
+
+    drain = commands.add_parser("drain", help="drain the consumer into the Delta table")
+    with_config(drain)
+    drain.add_argument("--report-file", help="also write the JSON run report here")
+
+    status = commands.add_parser("status", help="show stream and consumer state")
+    with_config(status)
+
+    demo = commands.add_parser("demo", help="local nats-server → sample events → Delta, end to end")
+    demo.add_argument("--config", default=str(REPO_ROOT / "conf" / "demo.yaml"))
+    demo.add_argument("--messages", type=int, default=5000)
+    demo.add_argument("--keep", action="store_true", help="keep .demo/ from earlier demo runs")
+    commands.add_parser("jars", help="print Delta's jars for spark-submit --jars")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, *, spark_submit: bool = False) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        if args.command == "drain":
+            return _drain(load_config(args.config, args.overrides), args.report_file,
+                          spark_submit)
+        if args.command == "status":
+            return _status(load_config(args.config, args.overrides))
+        if args.command == "jars":
+            from js_etl.spark.jars import delta_jars
+
+            print(",".join(delta_jars()))
+            return 0
+        from js_etl.demo import run_demo
+
+        return run_demo(Path(args.config), messages=args.messages, keep=args.keep)
+    except JsEtlError as e:
+        print(f"js-etl: {type(e).__name__}: {e}", file=sys.stderr)
+        return e.exit_code
+    except Exception as e:  # a Spark failure wraps our error from the executors; unwrap it
+        print(f"js-etl: {one_line_reason(e)}", file=sys.stderr)
+        return 1
+
+
+def one_line_reason(error: BaseException) -> str:
+    """The most specific one-line reason in an error, including js-etl errors that were raised
+    on an executor and arrive wrapped in a Spark/Py4J exception."""
+    text = str(error)
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if line.startswith("js_etl.") and "Error: " in line:
+            return line.removeprefix("js_etl.").split(".", 2)[-1]
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return f"{type(error).__name__}: {first}"[:500]
+
+
+def spark_session(config: JobConfig, *, spark_submit: bool) -> SparkSession:
+    """Local Spark from ``spark.*`` config, or the session spark-submit prepared."""
+    from pyspark.sql import SparkSession
+
+    from js_etl.spark.session import configure_delta, local_builder
+
+    if not spark_submit:
+        return local_builder(config.spark.master, config.spark.app_name,
+                             config.spark.conf).getOrCreate()
+    builder = SparkSession.builder.appName(config.spark.app_name)
+    for key, value in config.spark.conf.items():
+        builder = builder.config(key, value)
+    # Under spark-submit the JVM is already running: Delta's jars must come with --jars
+    # (see README); configure_delta only adds the extension and catalog settings then.
+    spark = configure_delta(builder, jars=[]).getOrCreate()
+    _require_delta(spark)
+    return spark
+
+
+def _require_delta(spark: SparkSession) -> None:
+    from js_etl.errors import TerminalError
+
+    try:
+        spark._jvm.java.lang.Class.forName("io.delta.tables.DeltaTable")  # type: ignore[union-attr]
+    except Exception:
+        raise TerminalError("Delta classes are not on the driver's classpath: pass Delta's jars "
+                            "to spark-submit, e.g. --jars $(js-etl jars) — see README "
+                            "'Running with spark-submit'") from None
+
+
+def _drain(config: JobConfig, report_file: str | None, spark_submit: bool) -> int:
+    from js_etl.spark.drain import run_drain
+
+    options = config.nats.connection_options()  # secrets resolved before Spark starts
+    spark = spark_session(config, spark_submit=spark_submit)
+    report = run_drain(spark, config, options=options)
+    text = report.to_json()
+    if report_file:
+        Path(report_file).write_text(text + "\n")
+    print(text, flush=True)
+    return 0
+
+
+def _status(config: JobConfig) -> int:
+    from js_etl.jetstream import JetStreamSession
+
+    with JetStreamSession(config.nats.connection_options()) as js:
+        stream = js.stream_info(config.source.stream)
+        consumer = js.consumer_info(config.source.stream, config.source.consumer)
+    print(format_status(stream, consumer))
+    return 0
+
+
+def format_status(stream: Any, consumer: Any) -> str:
+    s, c = stream.state, consumer
+    groups = ", ".join(f"{g.group} (pinned {g.pinned_client_id or '-'})"
+                       for g in c.priority_groups) or "-"
+    rows = [
+        ("stream", f"{stream.name}  subjects {', '.join(stream.subjects) or '-'}"),
+        ("  messages", f"{s.messages:,}  ({s.bytes:,} bytes)"),
+        ("  sequences", f"{s.first_seq:,} .. {s.last_seq:,}"),
+        ("consumer", f"{c.name}  ack {c.config.ack_policy.value}, ack_wait "
+                     f"{c.config.ack_wait or 0:g}s, max_ack_pending {c.config.max_ack_pending}"),
+        ("  pending", f"{c.num_pending:,}"),
+        ("  ack pending", f"{c.num_ack_pending:,}"),
+        ("  redelivered", f"{c.num_redelivered:,}"),
+        ("  waiting pulls", f"{c.num_waiting:,}"),
+        ("  ack floor", f"stream seq {c.ack_floor.stream_seq:,} / consumer seq "
+                        f"{c.ack_floor.consumer_seq:,}"),
+        ("  delivered", f"stream seq {c.delivered.stream_seq:,} / consumer seq "
+                        f"{c.delivered.consumer_seq:,}"),
+        ("  filter", ", ".join(c.config.filter_subjects) or "-"),
+        ("  priority groups", groups),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TZ", "UTC")
+    sys.exit(main())
+

@@ -1,0 +1,283 @@
+"""The bounded drain against a real nats-server, real Spark and real Delta."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+from chispa import assert_df_equality
+
+from js_etl.config import JobConfig, load_config
+from js_etl.errors import TransientError
+from js_etl.jetstream import AckPolicy, ConsumerConfig, JetStreamSession
+from js_etl.jetstream.errors import ConsumerConfigError, ConsumerNotFoundError, StreamNotFoundError
+from js_etl.jetstream.publish import publish, wait_for_messages
+from js_etl.spark.drain import run_drain
+
+SCHEMA = "id BIGINT, kind STRING"
+
+
+def make_config(names: Any, nats_server: Any, tmp_path: Any, *extra: str) -> JobConfig:
+    return load_config(None, [
+        f"nats.servers={nats_server.url}",
+        f"source.stream={names.stream}", f"source.consumer={names.consumer}",
+        "source.create_consumer=true", f"target.path={tmp_path / 'table'}",
+        "fetch.partitions=2", "fetch.batch=100", "fetch.pull_timeout=2", *extra,
+    ], environ={})
+
+
+def add_stream(js: JetStreamSession, names: Any) -> None:
+    js.run(js.admin.add_stream(names.stream, [names.subject]))
+
+
+def publish_and_wait(js: JetStreamSession, names: Any, messages: list[Any]) -> None:
+    before = js.stream_info(names.stream).state.last_seq
+    js.run(publish(js.conn, messages))
+    js.run(wait_for_messages(js.conn, names.stream, before + len(messages)))
+
+
+def read_table(spark: Any, path: Any) -> Any:
+    return spark.read.format("delta").load(str(path))
+
+
+def seqs(spark: Any, path: Any) -> list[int]:
+    return [r.seq for r in read_table(spark, path).select("seq").orderBy("seq").collect()]
+
+
+def consumer_state(js: JetStreamSession, names: Any) -> tuple[int, int]:
+    # Acks are applied asynchronously by the server: give it a moment to settle.
+    for _ in range(50):
+        info = js.consumer_info(names.stream, names.consumer)
+        if info.num_ack_pending == 0:
+            break
+        time.sleep(0.05)
+    return info.num_pending, info.num_ack_pending
+
+
+def test_drains_every_message_exactly_once_with_origin_columns(spark, js, names, nats_server,
+                                                               tmp_path):
+    add_stream(js, names)
+    publish_and_wait(js, names, [(f"{names.prefix}.raw", f"m{i}".encode()) for i in range(1, 501)])
+    config = make_config(names, nats_server, tmp_path)
+
+    report = run_drain(spark, config)
+
+    assert report.messages_written == 500
+    assert report.dead_letters == 0
+    assert (report.first_seq, report.last_seq) == (1, 500)
+    assert report.stopped_because in {"drained", "target_reached"}
+    assert report.pending_after == 0
+    table = read_table(spark, tmp_path / "table")
+    assert table.columns == ["subject", "stream", "seq", "consumer_seq", "num_delivered",
+                             "published_at", "headers", "data"]
+    expected = spark.createDataFrame(
+        [(f"{names.prefix}.raw", names.stream, i, 1, bytearray(f"m{i}".encode()))
+         for i in range(1, 501)],
+        "subject STRING, stream STRING, seq BIGINT, num_delivered BIGINT, data BINARY")
+    actual = table.select("subject", "stream", "seq", "num_delivered", "data").orderBy("seq")
+    assert_df_equality(actual, expected, ignore_nullable=True)
+    published = [r.published_at for r in table.select("published_at").collect()]
+    assert all(p is not None for p in published)
+    assert consumer_state(js, names) == (0, 0)
+
+
+def test_second_run_resumes_without_gaps_or_duplicates(spark, js, names, nats_server, tmp_path):
+    add_stream(js, names)
+    config = make_config(names, nats_server, tmp_path)
+    publish_and_wait(js, names, [(f"{names.prefix}.x", b"%d" % i) for i in range(300)])
+    first = run_drain(spark, config)
+    publish_and_wait(js, names, [(f"{names.prefix}.x", b"%d" % i) for i in range(300, 700)])
+    second = run_drain(spark, config)
+
+    assert (first.messages_written, second.messages_written) == (300, 400)
+    assert second.first_seq == 301 and second.last_seq == 700
+    assert seqs(spark, tmp_path / "table") == list(range(1, 701))
+    assert second.reacked_at_start == 0  # the first run acked everything it committed
+
+
+def test_json_decoded_on_schema_and_bad_payloads_dead_lettered(spark, js, names, nats_server,
+                                                               tmp_path):
+    add_stream(js, names)
+    good = [(f"{names.prefix}.e", json.dumps({"id": i, "kind": "k"}).encode()) for i in range(20)]
+    bad = [(f"{names.prefix}.e", b'{"id": 1'), (f"{names.prefix}.e", b"\xff\xfe"),
+           (f"{names.prefix}.e", b'{"id": "x"}'), (f"{names.prefix}.e", b"")]
+    publish_and_wait(js, names, good[:10] + bad + good[10:])
+    config = make_config(names, nats_server, tmp_path, "decode.format=json",
+                         f"decode.schema={SCHEMA}")
+
+    report = run_drain(spark, config)
+
+    assert (report.messages_written, report.dead_letters) == (20, 4)
+    rows = read_table(spark, tmp_path / "table")
+    assert rows.columns[-2:] == ["id", "kind"]
+    assert sorted(r.id for r in rows.collect()) == list(range(20))
+    dead = read_table(spark, tmp_path / "table_dead_letters").orderBy("seq").collect()
+    assert [d.seq for d in dead] == [11, 12, 13, 14]
+    assert [d.error for d in dead] == [
+        "malformed JSON", "payload is not valid UTF-8",
+        f"JSON does not match decode.schema ({SCHEMA})", "empty payload"]
+    assert [bytes(d.data) for d in dead] == [b'{"id": 1', b"\xff\xfe", b'{"id": "x"}', b""]
+    assert consumer_state(js, names) == (0, 0)  # dead letters are acked after their commit
+
+
+def test_partitioned_table_by_date_of_published_at(spark, js, names, nats_server, tmp_path):
+    add_stream(js, names)
+    publish_and_wait(js, names, [(f"{names.prefix}.p", b"x")] * 30)
+    config = make_config(names, nats_server, tmp_path, "decode.format=text",
+                         "target.partition_by=[to_date(published_at) AS date]")
+
+    run_drain(spark, config)
+
+    detail = spark.sql(f"DESCRIBE DETAIL delta.`{tmp_path / 'table'}`").first()
+    assert detail.partitionColumns == ["date"]
+    rows = read_table(spark, tmp_path / "table").collect()
+    assert len(rows) == 30
+    assert {(r.text, r.date) for r in rows} == {("x", rows[0].published_at.date())}
+
+
+def test_empty_consumer_ends_at_once_with_nothing_written(spark, js, names, nats_server,
+                                                         tmp_path):
+    add_stream(js, names)
+    config = make_config(names, nats_server, tmp_path)
+    started = time.monotonic()
+    report = run_drain(spark, config)
+    elapsed = time.monotonic() - started
+
+    assert report.messages_written == 0 and report.rounds == 0
+    assert report.stopped_because == "drained"
+    assert elapsed < 5  # no Spark job was needed to learn that nothing is pending
+    assert not (tmp_path / "table").exists()
+
+
+def test_filter_subjects_take_only_matching_messages(spark, js, names, nats_server, tmp_path):
+    add_stream(js, names)
+    publish_and_wait(js, names, [(f"{names.prefix}.{'keep' if i % 3 else 'skip'}", b"%d" % i)
+                                 for i in range(90)])
+    config = make_config(names, nats_server, tmp_path,
+                         f"source.filter_subjects=[{names.prefix}.keep]")
+
+    report = run_drain(spark, config)
+
+    assert report.messages_written == 60
+    subjects = {r.subject for r in read_table(spark, tmp_path / "table").collect()}
+    assert subjects == {f"{names.prefix}.keep"}
+
+
+def test_repeated_headers_keep_every_value(spark, js, names, nats_server, tmp_path):
+    add_stream(js, names)
+    publish_and_wait(js, names, [
+        (f"{names.prefix}.h", b"a", [("Tag", "one"), ("Tag", "two"), ("Trace", "t-1")]),
+        (f"{names.prefix}.h", b"b"),
+    ])
+    run_drain(spark, make_config(names, nats_server, tmp_path))
+
+    rows = read_table(spark, tmp_path / "table").orderBy("seq").collect()
+    assert rows[0].headers == {"Tag": ["one", "two"], "Trace": ["t-1"]}
+    assert rows[1].headers is None
+
+
+def test_message_larger_than_fetch_max_bytes_is_not_stuck(spark, js, names, nats_server,
+                                                          tmp_path):
+    add_stream(js, names)
+    publish_and_wait(js, names, [(f"{names.prefix}.s", b"small")] * 5
+                     + [(f"{names.prefix}.s", b"B" * 5000)]
+                     + [(f"{names.prefix}.s", b"small")] * 5)
+    config = make_config(names, nats_server, tmp_path, "fetch.max_bytes=1024")
+
+    report = run_drain(spark, config)
+
+    assert report.messages_written == 11
+    big = read_table(spark, tmp_path / "table").where("seq = 6").first()
+    assert bytes(big.data) == b"B" * 5000
+    assert consumer_state(js, names) == (0, 0)
+
+
+def test_max_ack_pending_below_partitions_times_batch(spark, js, names, nats_server, tmp_path):
+    add_stream(js, names)
+    js.run(js.admin.create_consumer(names.stream, ConsumerConfig(
+        durable_name=names.consumer, ack_wait=60, max_ack_pending=30)))
+    publish_and_wait(js, names, [(f"{names.prefix}.m", b"%d" % i) for i in range(200)])
+    config = make_config(names, nats_server, tmp_path, "fetch.partitions=2", "fetch.batch=100")
+
+    report = run_drain(spark, config)
+
+    # Rounds of at most 30 in flight: nothing stalls at the limit and nothing is lost.
+    assert report.messages_written == 200
+    assert report.rounds >= 7
+    assert seqs(spark, tmp_path / "table") == list(range(1, 201))
+
+
+def test_budgets_stop_early_and_the_next_run_continues(spark, js, names, nats_server, tmp_path):
+    add_stream(js, names)
+    publish_and_wait(js, names, [(f"{names.prefix}.b", b"%d" % i) for i in range(100)])
+    config = make_config(names, nats_server, tmp_path, "run.max_messages=40", "fetch.batch=10")
+
+    first = run_drain(spark, config)
+    assert first.stopped_because == "max_messages"
+    assert first.messages_written == 40
+    assert first.pending_after == 60
+
+    rounds = run_drain(spark, make_config(names, nats_server, tmp_path, "run.max_rounds=1"))
+    assert rounds.rounds == 1 and rounds.stopped_because in {"max_rounds", "target_reached"}
+
+    rest = run_drain(spark, make_config(names, nats_server, tmp_path))
+    total = first.messages_written + rounds.messages_written + rest.messages_written
+    assert total == 100
+    assert seqs(spark, tmp_path / "table") == list(range(1, 101))
+
+
+def test_run_that_died_before_acking_is_finished_by_the_next_runs_fence(
+        spark, js, names, nats_server, tmp_path, monkeypatch):
+    add_stream(js, names)
+    publish_and_wait(js, names, [(f"{names.prefix}.f", b"%d" % i) for i in range(50)])
+    config = make_config(names, nats_server, tmp_path)
+
+    from js_etl.spark import drain as drain_module
+
+    def die(self, js, keys):  # the commit happened; the process dies before any ack
+        raise SystemExit("killed after commit")
+
+    monkeypatch.setattr(drain_module.Drain, "_ack", die)
+    with pytest.raises(SystemExit):
+        run_drain(spark, config)
+    monkeypatch.undo()
+    assert seqs(spark, tmp_path / "table") == list(range(1, 51))
+    assert js.consumer_info(names.stream, names.consumer).num_ack_pending == 50
+
+    report = run_drain(spark, config)
+
+    assert report.reacked_at_start == 50
+    assert report.messages_written == 0
+    assert seqs(spark, tmp_path / "table") == list(range(1, 51))  # no duplicates
+    assert consumer_state(js, names) == (0, 0)
+
+
+def test_missing_stream_and_consumer_are_clear_errors(spark, js, names, nats_server, tmp_path):
+    with pytest.raises(StreamNotFoundError):
+        run_drain(spark, make_config(names, nats_server, tmp_path))
+    add_stream(js, names)
+    with pytest.raises(ConsumerNotFoundError, match="source.create_consumer"):
+        run_drain(spark, make_config(names, nats_server, tmp_path,
+                                     "source.create_consumer=false"))
+
+
+def test_existing_consumer_that_cannot_work_is_refused(spark, js, names, nats_server, tmp_path):
+    add_stream(js, names)
+    js.run(js.admin.create_consumer(names.stream, ConsumerConfig(
+        durable_name=names.consumer, ack_policy=AckPolicy.NONE)))
+    with pytest.raises(ConsumerConfigError, match="explicit"):
+        run_drain(spark, make_config(names, nats_server, tmp_path))
+
+
+def test_consumer_with_no_headroom_fails_transiently(spark, js, names, nats_server, tmp_path):
+    add_stream(js, names)
+    js.run(js.admin.create_consumer(names.stream, ConsumerConfig(
+        durable_name=names.consumer, ack_wait=60, max_ack_pending=5)))
+    publish_and_wait(js, names, [(f"{names.prefix}.n", b"x")] * 10)
+    other = js.puller(names.stream, names.consumer)
+    assert len(js.pull(other, 5).messages) == 5  # another client holds every slot
+
+    with pytest.raises(TransientError, match="ack_wait"):
+        run_drain(spark, make_config(names, nats_server, tmp_path))
