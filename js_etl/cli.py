@@ -57,8 +57,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None, *, spark_submit: bool = False) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+    # Only our own progress at INFO: under spark-submit stderr is merged into stdout, and a
+    # library logging at exit (py4j does) must not push the report off the last line.
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log.setLevel(logging.INFO)
     try:
         if args.command == "drain":
             return _drain(load_config(args.config, args.overrides), args.report_file,
@@ -115,9 +118,11 @@ def spark_session(config: JobConfig, *, spark_submit: bool) -> SparkSession:
 def _require_delta(spark: SparkSession) -> None:
     from js_etl.errors import TerminalError
 
-    try:
-        spark._jvm.java.lang.Class.forName("io.delta.tables.DeltaTable")  # type: ignore[union-attr]
-    except Exception:
+    from delta.tables import DeltaTable
+
+    try:  # without the jars, py4j hands back a JavaPackage and calling it raises TypeError
+        DeltaTable.isDeltaTable(spark, "file:///nonexistent-js-etl-probe")
+    except TypeError:
         raise TerminalError("Delta classes are not on the driver's classpath: pass Delta's jars "
                             "to spark-submit, e.g. --jars $(js-etl jars) — see README "
                             "'Running with spark-submit'") from None

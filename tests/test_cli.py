@@ -1,0 +1,104 @@
+"""The commands users run — ``js-etl drain|status`` and the spark-submit job — as real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from js_etl.jetstream.publish import publish, wait_for_messages
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+JS_ETL = str(BIN / "js-etl")
+
+
+def run(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "TZ": "UTC"}
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
+
+
+def last_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+@pytest.fixture
+def stream_with_messages(js, names):
+    js.run(js.admin.add_stream(names.stream, [names.subject]))
+    messages = [(f"{names.prefix}.e", json.dumps({"id": i, "kind": "k"}).encode())
+                for i in range(120)]
+    js.run(publish(js.conn, messages))
+    js.run(wait_for_messages(js.conn, names.stream, 120))
+    return names
+
+
+def drain_args(names, nats_server, table: Path) -> list[str]:
+    return ["--config", str(REPO / "conf" / "demo.yaml"),
+            "--set", f"nats.servers={nats_server.url}",
+            "--set", f"source.stream={names.stream}", "--set", f"source.consumer={names.consumer}",
+            "--set", f"target.path={table}", "--set", "fetch.pull_timeout=2"]
+
+
+def test_config_errors_fail_fast_naming_the_key(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("source: {stream: S, consumer: c}\ntarget: {path: /tmp/x}\nfetch: {batch: -3}\n")
+    started = time.monotonic()
+    result = run(JS_ETL, "drain", "--config", str(bad))
+    assert result.returncode == 2
+    assert "fetch.batch" in last_line(result.stderr)
+    assert time.monotonic() - started < 15  # no Spark was started to find this out
+
+    typo = run(JS_ETL, "drain", "--config", str(bad), "--set", "fetch.batchh=3")
+    assert typo.returncode == 2
+    assert "did you mean 'fetch.batch'" in last_line(typo.stderr)
+
+
+def test_unreachable_server_is_a_transient_error_with_a_reason(tmp_path):
+    from js_etl.jetstream.server import free_port
+
+    result = run(JS_ETL, "status", "--config", str(REPO / "conf" / "demo.yaml"),
+                 "--set", f"nats.servers=nats://127.0.0.1:{free_port()}",
+                 "--set", "nats.connect_timeout=1")
+    assert result.returncode == 75
+    assert "cannot connect to NATS" in last_line(result.stderr)
+
+
+def test_drain_command_reports_json_on_stdout_and_in_the_report_file(stream_with_messages,
+                                                                     nats_server, tmp_path):
+    names = stream_with_messages
+    report_file = tmp_path / "report.json"
+    result = run(JS_ETL, "drain", *drain_args(names, nats_server, tmp_path / "t"),
+                 "--report-file", str(report_file))
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(last_line(result.stdout))
+    assert report == json.loads(report_file.read_text())
+    assert report["messages_written"] == 120
+    for key in ("bytes", "dead_letters", "rounds", "delta_versions", "first_seq", "last_seq",
+                "pending_after", "seconds", "phase_seconds"):
+        assert key in report
+
+    status = run(JS_ETL, "status", *drain_args(names, nats_server, tmp_path / "t"))
+    assert status.returncode == 0, status.stderr
+    assert "ack pending" in status.stdout and "ack floor" in status.stdout
+    assert "stream seq 120" in status.stdout
+
+
+def test_spark_submit_job_drains_with_delta_jars(stream_with_messages, nats_server, tmp_path):
+    names = stream_with_messages
+    jars = run(JS_ETL, "jars").stdout.strip()
+    args = drain_args(names, nats_server, tmp_path / "t")
+    result = run(str(BIN / "spark-submit"), "--master", "local[2]", "--jars", jars,
+                 str(REPO / "jobs" / "drain_to_delta.py"), *args)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(last_line(result.stdout))["messages_written"] == 120
+
+    missing = run(str(BIN / "spark-submit"), "--master", "local[2]",
+                  str(REPO / "jobs" / "drain_to_delta.py"), *args)
+    assert missing.returncode == 2
+    assert "--jars" in (missing.stdout + missing.stderr)
