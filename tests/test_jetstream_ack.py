@@ -1,0 +1,192 @@
+"""Acks against a real nats-server, sent from a second connection as the driver does (facts §4)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+from test_jetstream_support import consumer, pub, stream, wait_until  # noqa: F401
+
+from js_etl.jetstream import JetStreamSession, PullEnd, ack_subject
+from js_etl.jetstream.errors import ConsumerNotFoundError
+
+
+@pytest.fixture
+def js2(nats_options) -> Iterator[JetStreamSession]:
+    """A second connection: acks need not travel with the messages."""
+    with JetStreamSession(nats_options) as session:
+        yield session
+
+
+def settled(js: JetStreamSession, stream: str, name: str, ack_pending: int):
+    return wait_until(lambda: js.consumer_info(stream, name),
+                      lambda i: i.num_ack_pending == ack_pending)
+
+
+def test_ack_from_another_connection_after_the_puller_closed(js, js2, names, stream,
+                                                             nats_options):
+    pub(js, f"{names.prefix}.a", 4)
+    consumer(js, stream, names.consumer)
+    with JetStreamSession(nats_options) as puller_session:
+        result = puller_session.pull(puller_session.puller(stream, names.consumer), 10)
+        replies = [m.reply for m in result.messages]
+    assert len(replies) == 4
+    assert js2.ack(replies) == 4
+    info = settled(js, stream, names.consumer, 0)
+    assert (info.ack_floor.consumer_seq, info.ack_floor.stream_seq) == (4, 4)
+    assert info.num_pending == 0
+
+
+def test_nak_redelivers_at_once(js, js2, names, stream):
+    pub(js, f"{names.prefix}.a", 1)
+    consumer(js, stream, names.consumer)
+    puller = js.puller(stream, names.consumer)
+    (msg,) = js.pull(puller, 5).messages
+    js2.nak([msg.reply])
+    again = wait_until(lambda: js.pull(puller, 5), lambda r: len(r.messages) == 1)
+    meta = again.messages[0].metadata
+    assert (meta.stream_seq, meta.num_delivered, meta.consumer_seq) == (1, 2, 2)
+
+
+def test_nak_with_delay_redelivers_after_the_delay(js, js2, names, stream):
+    pub(js, f"{names.prefix}.a", 1)
+    consumer(js, stream, names.consumer)
+    puller = js.puller(stream, names.consumer)
+    (msg,) = js.pull(puller, 5).messages
+    t0 = time.monotonic()
+    js2.nak([msg.reply], delay=1.0)
+
+    during = js.pull(puller, 5)
+    assert during.end is PullEnd.NO_MESSAGES and during.messages == []
+    assert js.consumer_info(stream, names.consumer).num_ack_pending == 1  # still pending
+
+    after = wait_until(lambda: js.pull(puller, 5), lambda r: len(r.messages) == 1,
+                       timeout=3.0, interval=0.05)
+    elapsed = time.monotonic() - t0
+    assert 0.9 <= elapsed < 2.5
+    meta = after.messages[0].metadata
+    assert (meta.stream_seq, meta.num_delivered) == (1, 2)
+
+
+def test_term_is_never_redelivered_and_counts_as_acked(js, js2, names, stream):
+    pub(js, f"{names.prefix}.a", 2)
+    consumer(js, stream, names.consumer, ack_wait=1.0)
+    puller = js.puller(stream, names.consumer)
+    first, second = js.pull(puller, 5).messages
+    advisories: list[dict] = []
+
+    async def watch():
+        async def on_advisory(msg):
+            advisories.append(json.loads(msg.data))
+        await js.conn.nc.subscribe(
+            f"$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.{stream}.{names.consumer}",
+            cb=on_advisory)
+        await js.conn.nc.flush()
+
+    js.run(watch())
+    t0 = time.monotonic()
+    js2.term([first.reply], reason="bad   payload\nxyz")
+
+    # After ack_wait only the unacked second message comes back.
+    time.sleep(max(0.0, 1.3 - (time.monotonic() - t0)))
+    redelivered = wait_until(lambda: js.pull(puller, 5), lambda r: len(r.messages) >= 1)
+    assert [m.metadata.stream_seq for m in redelivered.messages] == [2]
+    assert redelivered.messages[0].metadata.num_delivered == 2
+    js2.ack([m.reply for m in redelivered.messages])
+    info = settled(js, stream, names.consumer, 0)
+    assert info.ack_floor.stream_seq == 2  # the termed message counts as acked
+
+    js.run(js.conn.nc.flush())
+    (advisory,) = advisories
+    assert advisory["stream_seq"] == 1 and advisory["deliveries"] == 1
+    assert advisory["reason"] == "bad payload xyz"  # whitespace folded to one line
+    assert second.metadata.stream_seq == 2
+
+
+def test_in_progress_keeps_a_message_from_redelivery(js, js2, names, stream):
+    pub(js, f"{names.prefix}.a", 2)
+    consumer(js, stream, names.consumer, ack_wait=2.0)
+    puller = js.puller(stream, names.consumer)
+    t0 = time.monotonic()
+    working, idle = js.pull(puller, 5).messages
+
+    time.sleep(1.0)
+    js2.run(js2.acker.in_progress([working.reply]))
+    time.sleep(1.0)
+    js2.run(js2.acker.in_progress([working.reply]))  # its ack_wait now runs to ~t0 + 4 s
+
+    # The idle one is redelivered at its ack_wait (~2 s); the one in progress is not.
+    got = wait_until(lambda: js.pull(puller, 5), lambda r: len(r.messages) >= 1,
+                     timeout=1.5, interval=0.05)
+    assert time.monotonic() - t0 < 3.8
+    assert [m.metadata.stream_seq for m in got.messages] == [idle.metadata.stream_seq]
+    assert js.pull(puller, 5).messages == []
+    js2.ack([working.reply, got.messages[0].reply])
+    settled(js, stream, names.consumer, 0)
+
+
+def test_ack_confirmed(js, js2, names, stream):
+    pub(js, f"{names.prefix}.a", 2)
+    consumer(js, stream, names.consumer)
+    first, second = js.pull(js.puller(stream, names.consumer), 5).messages
+    assert js2.run(js2.acker.ack_confirmed(first.reply)) is True
+    # A repeat gets the same answer: the server cannot tell them apart.
+    assert js2.run(js2.acker.ack_confirmed(first.reply)) is True
+    # A delivery the server never made gets no answer.
+    never = ack_subject(first.metadata.ack_prefix, 1, 999, 999)
+    assert js2.run(js2.acker.ack_confirmed(never, timeout=0.3)) is False
+    info = js.consumer_info(stream, names.consumer)
+    assert info.num_ack_pending == 1 and info.ack_floor.stream_seq == 1
+    assert second.metadata.stream_seq == 2
+
+
+def test_ack_confirmed_on_missing_consumer_raises(js, js2, names, stream):
+    pub(js, f"{names.prefix}.a", 1)
+    consumer(js, stream, names.consumer)
+    (msg,) = js.pull(js.puller(stream, names.consumer), 5).messages
+    js.run(js.admin.delete_consumer(stream, names.consumer))
+    with pytest.raises(ConsumerNotFoundError):
+        js2.run(js2.acker.ack_confirmed(msg.reply, timeout=1.0))
+
+
+def test_ack_on_rebuilt_subject(js, js2, names, stream):
+    """The product acks from Delta rows: subjects rebuilt with timestamp/pending sent as 0."""
+    pub(js, f"{names.prefix}.a", 5)
+    consumer(js, stream, names.consumer, ack_wait=1.0)
+    puller = js.puller(stream, names.consumer)
+    result = js.pull(puller, 5)
+    t0 = time.monotonic()
+    rebuilt = []
+    for m in result.messages:
+        meta = m.metadata
+        subject = ack_subject(meta.ack_prefix, meta.num_delivered, meta.stream_seq,
+                              meta.consumer_seq)
+        assert subject != m.reply and subject.endswith(".0.0")
+        assert len(subject.split(".")) == 9
+        rebuilt.append(subject)
+    # One confirmed (the server applied it), the rest fire-and-forget.
+    assert js2.run(js2.acker.ack_confirmed(rebuilt[0])) is True
+    assert js2.ack(rebuilt[1:]) == 4
+    info = settled(js, stream, names.consumer, 0)
+    assert info.ack_floor.stream_seq == 5 and info.num_redelivered == 0
+    # Truly acked: nothing comes back after ack_wait.
+    time.sleep(max(0.0, 1.3 - (time.monotonic() - t0)))
+    assert js.pull(puller, 5).end is PullEnd.NO_MESSAGES
+
+
+def test_late_ack_on_rebuilt_subject_of_an_earlier_delivery(js, js2, names, stream):
+    pub(js, f"{names.prefix}.a", 1)
+    consumer(js, stream, names.consumer)
+    puller = js.puller(stream, names.consumer)
+    (first,) = js.pull(puller, 5).messages
+    js2.nak([first.reply])
+    second = wait_until(lambda: js.pull(puller, 5), lambda r: len(r.messages) == 1).messages[0]
+    assert second.metadata.num_delivered == 2
+    # A row written from delivery #1 acks the message now pending as delivery #2.
+    meta = first.metadata
+    subject = ack_subject(meta.ack_prefix, meta.num_delivered, meta.stream_seq, meta.consumer_seq)
+    assert js2.run(js2.acker.ack_confirmed(subject)) is True
+    info = settled(js, stream, names.consumer, 0)
+    assert info.ack_floor.stream_seq == 1
