@@ -35,8 +35,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="js-etl", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
 
-    def with_config(p: argparse.ArgumentParser, required: bool = True) -> None:
-        p.add_argument("--config", "-c", required=required, help="job config YAML")
+    def with_config(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--config", "-c",
+                       help="job config YAML (optional: env JS_ETL__* and --set also configure)")
         p.add_argument("--set", dest="overrides", action="append", default=[],
                        metavar="KEY=VALUE", help="override a config key (repeatable)")
 

@@ -31,6 +31,8 @@ class RunReport:
     pending_after: int | None = None
     ack_pending_after: int | None = None
     reacked_at_start: int = 0  # rows of an earlier, unfinished round acked by the fence
+    released_at_start: int = 0  # deliveries of a dead run the fence NAKed back (ack-pending seen)
+    released_at_end: int = 0  # this run's uncommitted deliveries (failed tasks) NAKed back
     stopped_because: str = ""
     seconds: float = 0.0
     phase_seconds: dict[str, float] = field(default_factory=dict)

@@ -60,10 +60,11 @@ def names() -> Names:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
-    """The one local SparkSession (local[2], UI off, UTC, Delta) for the whole test session."""
+    """The one local SparkSession for the whole test session: 2 cores, and a failed task is
+    retried once (local[2,2]), as a cluster would; UI off, UTC, Delta."""
     from js_etl.spark.session import local_builder
 
-    session = local_builder("local[2]", "js-etl-tests").getOrCreate()
+    session = local_builder("local[2,2]", "js-etl-tests").getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     try:
         yield session

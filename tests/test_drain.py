@@ -148,7 +148,7 @@ def test_empty_consumer_ends_at_once_with_nothing_written(spark, js, names, nats
     assert report.messages_written == 0 and report.rounds == 0
     assert report.stopped_because == "drained"
     assert elapsed < 5  # no Spark job was needed to learn that nothing is pending
-    assert not (tmp_path / "table").exists()
+    assert not (tmp_path / "table" / "_delta_log").exists()
 
 
 def test_filter_subjects_take_only_matching_messages(spark, js, names, nats_server, tmp_path):
@@ -236,7 +236,7 @@ def test_run_that_died_before_acking_is_finished_by_the_next_runs_fence(
 
     from js_etl.spark import drain as drain_module
 
-    def die(self, js, keys):  # the commit happened; the process dies before any ack
+    def die(self, js, keys, dead=False):  # the commit happened; the process dies before acks
         raise SystemExit("killed after commit")
 
     monkeypatch.setattr(drain_module.Drain, "_ack", die)

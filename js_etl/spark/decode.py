@@ -48,38 +48,51 @@ def json_fields(schema_ddl: str) -> list[str]:
     return parsed.fieldNames()
 
 
-def decode(raw: DataFrame, fmt: Format, schema_ddl: str | None = None) -> Decoded:
-    """Split fetched rows into decoded table rows and dead letters (with the reason)."""
+def decode(raw: DataFrame, fmt: Format, schema_ddl: str | None = None, *,
+           park_after: int | None = None) -> Decoded:
+    """Split fetched rows into decoded table rows and dead letters (with the reason).
+
+    ``park_after``: a message delivered more often than this is poison — it goes to the
+    dead-letter table whatever its payload, so it can never stall the drain or be dropped by
+    the server's own ``max_deliver``.
+    """
     from pyspark.sql import functions as F
 
     origin = [F.col(c) for c in ORIGIN_COLUMNS]
-    if fmt == "raw":
-        return Decoded(raw.select(*origin, "data"), raw.limit(0).select(*_dead(F.lit(None))))
-
-    text = F.col("data").cast("string")
-    valid_utf8 = F.expr("is_valid_utf8(cast(data as string))")
+    error = F.lit(None).cast("string")
+    payload: list[Column] = [F.col("data")]
+    flagged = raw
     if fmt == "text":
-        error = F.when(~valid_utf8, F.lit("payload is not valid UTF-8"))
-        flagged = raw.withColumn("error", error)
-        return Decoded(flagged.where(F.col("error").isNull()).select(*origin, text.alias("text")),
-                       flagged.where(F.col("error").isNotNull()).select(*_dead(F.col("error"))))
+        error = F.when(~_valid_utf8(), F.lit("payload is not valid UTF-8"))
+        payload = [F.col("data").cast("string").alias("text")]
+    elif fmt == "json":
+        if not schema_ddl:
+            raise ConfigError("decode.format json needs decode.schema (Spark DDL)")
+        fields = json_fields(schema_ddl)
+        text = F.col("data").cast("string")
+        parsed = F.from_json(text, f"{schema_ddl}, {_CORRUPT} STRING",
+                             {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT})
+        corrupt = F.col(f"_json.{_CORRUPT}").isNotNull()
+        error = (F.when(~_valid_utf8(), F.lit("payload is not valid UTF-8"))
+                 .when(F.length("data") == 0, F.lit("empty payload"))
+                 .when(F.col("_json").isNull(), F.lit("payload is not JSON"))
+                 .when(corrupt & F.get_json_object(text, "$").isNull(), F.lit("malformed JSON"))
+                 .when(corrupt, F.lit(f"JSON does not match decode.schema ({schema_ddl})")))
+        flagged = raw.withColumn("_json", parsed)
+        payload = [F.col(f"_json.{name}").alias(name) for name in fields]
+    if park_after is not None:
+        error = F.when(F.col("num_delivered") > park_after, F.concat(
+            F.lit("poison: delivered "), F.col("num_delivered").cast("string"),
+            F.lit(f" times (more than source.max_deliver {park_after})"))).otherwise(error)
+    flagged = flagged.withColumn("error", error)
+    return Decoded(flagged.where(F.col("error").isNull()).select(*origin, *payload),
+                   flagged.where(F.col("error").isNotNull()).select(*_dead(F.col("error"))))
 
-    if not schema_ddl:
-        raise ConfigError("decode.format json needs decode.schema (Spark DDL)")
-    fields = json_fields(schema_ddl)
-    parsed = F.from_json(text, f"{schema_ddl}, {_CORRUPT} STRING",
-                         {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT})
-    error = (F.when(~valid_utf8, F.lit("payload is not valid UTF-8"))
-             .when(F.length("data") == 0, F.lit("empty payload"))
-             .when(F.col("_json").isNull(), F.lit("payload is not JSON"))
-             .when(F.col(f"_json.{_CORRUPT}").isNotNull() & F.get_json_object(text, "$").isNull(),
-                   F.lit("malformed JSON"))
-             .when(F.col(f"_json.{_CORRUPT}").isNotNull(),
-                   F.lit(f"JSON does not match decode.schema ({schema_ddl})")))
-    flagged = raw.withColumn("_json", parsed).withColumn("error", error)
-    good = flagged.where(F.col("error").isNull()).select(
-        *origin, *[F.col(f"_json.{name}").alias(name) for name in fields])
-    return Decoded(good, flagged.where(F.col("error").isNotNull()).select(*_dead(F.col("error"))))
+
+def _valid_utf8() -> Column:
+    from pyspark.sql import functions as F
+
+    return F.expr("is_valid_utf8(cast(data as string))")
 
 
 def _dead(error: Column) -> list[Column]:

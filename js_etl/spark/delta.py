@@ -102,17 +102,22 @@ class DeltaTarget:
         return None
 
 
-def committed_keys(spark: SparkSession, target: DeltaTarget, version: int) -> Any:
-    """``(seq, num_delivered, consumer_seq)`` of the rows that commit ``version`` added, as a
-    pyarrow Table. Read from the table's own files, never from the fetch that produced them."""
+def committed_keys(spark: SparkSession, target: DeltaTarget, version: int, *,
+                   with_error: bool = False) -> Any:
+    """``(seq, num_delivered, consumer_seq[, error])`` of the rows that commit ``version`` added,
+    as a pyarrow Table. Read from the table's own files, never from the fetch that produced
+    them."""
     import pyarrow as pa
 
+    columns = (*ACK_KEY_COLUMNS, "error") if with_error else ACK_KEY_COLUMNS
+    empty = pa.table({c: pa.array([], pa.string() if c == "error" else pa.int64())
+                      for c in columns})
     location = target.location(spark)
     log = spark.read.json(f"{location}/_delta_log/{version:020d}.json")
     if "add" not in log.columns:
-        return pa.table({c: pa.array([], pa.int64()) for c in ACK_KEY_COLUMNS})
+        return empty
     paths = [r[0] for r in log.where("add IS NOT NULL").select("add.path").collect()]
     if not paths:
-        return pa.table({c: pa.array([], pa.int64()) for c in ACK_KEY_COLUMNS})
+        return empty
     files = [p if "://" in p or p.startswith("/") else f"{location}/{unquote(p)}" for p in paths]
-    return spark.read.parquet(*files).select(*ACK_KEY_COLUMNS).toArrow()
+    return spark.read.parquet(*files).select(*columns).toArrow()

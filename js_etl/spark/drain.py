@@ -1,4 +1,4 @@
-"""The bounded drain: fence ▸ plan ▸ [fetch ▸ write+commit ▸ ack]* ▸ report (DESIGN §2).
+"""The bounded drain: lock ▸ fence ▸ plan ▸ [fetch ▸ write+commit ▸ ack]* ▸ release ▸ report.
 
 The hazard that shapes this module: a Spark RDD is recomputed whenever its blocks are missing,
 and fetching from a durable consumer is a side effect — a recomputed partition fetches
@@ -6,15 +6,23 @@ and fetching from a durable consumer is a side effect — a recomputed partition
 
 1. A round's fetch runs exactly once, as an eager ``localCheckpoint``. That cuts the lineage:
    if a checkpointed block is ever lost, Spark fails the job instead of silently re-fetching.
-   A failed task attempt's messages are simply not in the checkpoint; nobody acks them and the
-   server redelivers them after ``ack_wait``.
+   A failed task attempt's messages are simply not in the checkpoint; nobody acks them.
 2. Table rows and dead-letter rows are written from that checkpoint, one Delta transaction per
    table, tagged with the job and round (see :mod:`js_etl.spark.delta`).
 3. Acks are built from the files each commit added, read back from the table — never from the
-   checkpoint or a fetch. What was not committed is never acked.
+   checkpoint or a fetch. What was not committed is never acked. Dead letters get ``+TERM``
+   with their reason, table rows ``+ACK``.
 
-A run that dies between commit and acks leaves a committed, unacked round. The next run's fence
-acks it (acks are idempotent and keyed by stream sequence) before it pulls anything.
+Failure handling (the fence, the PIP-84 "epoch" idea applied to runs): a run holds the table
+lock (:mod:`js_etl.spark.lock`) so no other run is live. It then acks every recent round of this
+job that the consumer's ack floor does not cover (a run died between its commit and its acks),
+and NAKs whatever else is still delivered-but-unacked (a dead run's or a failed task's
+deliveries), so those come back now instead of after ``ack_wait`` and are read in order. What we
+rely on, measured on nats-server 2.15: acks are keyed by stream sequence (any delivery's subject
+acks the message); a NAK is applied only if its delivery-sequence token lies in the consumer's
+window (ack floor, last delivered] and the stream sequence is pending — so NAKs use the last
+delivered consumer sequence, and a NAK for a message that is not pending is ignored; acks and
+NAKs from one connection are applied in order.
 """
 
 from __future__ import annotations
@@ -23,24 +31,29 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from js_etl import faults
 from js_etl.config import JobConfig
-from js_etl.errors import TransientError
+from js_etl.errors import ConfigError, RunRefusedError, TransientError
 from js_etl.jetstream import (
     ConnectionOptions,
     ConsumerConfig,
     ConsumerInfo,
     JetStreamSession,
+    PriorityPolicy,
     ack_subject,
 )
+from js_etl.jetstream.ack import ACK, nak_body, term_body
+from js_etl.jetstream.errors import ConsumerConfigError
 from js_etl.report import RunReport
 from js_etl.spark.decode import decode, json_fields, with_partition_columns
 from js_etl.spark.delta import CommitTag, DeltaTarget, committed_keys
 from js_etl.spark.fetch import RAW_DDL, FetchPlan, fetch_partition
+from js_etl.spark.lock import TableLock
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -49,6 +62,8 @@ log = logging.getLogger("js_etl.drain")
 
 DEFAULT_ACK_WAIT = 300.0  # seconds, for consumers js-etl creates
 DEFAULT_MAX_ACK_PENDING = 100_000  # for consumers js-etl creates: the round size ceiling
+FENCE_ROUNDS = 20  # how many of the job's newest commits the fence looks at
+MAX_RELEASE = 1_000_000  # widest (ack floor, delivered] window the fence NAKs sequence by sequence
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,11 +93,48 @@ def plan_round(config: JobConfig, info: ConsumerInfo, *, messages_left: float,
     if budget < 1:
         return None
     partitions = int(min(fetch.partitions, budget))
-    per_partition = budget / partitions
-    partition_messages = int(min(per_partition, 2**31 - 1))
+    partition_messages = int(min(budget / partitions, 2**31 - 1))
     batch = max(1, min(fetch.batch, partition_messages))
     partition_bytes = int(min(fetch.partition_max_bytes, max(bytes_left / partitions, 1)))
     return RoundSize(partitions, batch, partition_messages, partition_bytes)
+
+
+def poison_threshold(configured: int | None, server_max_deliver: int | None) -> int | None:
+    """After how many deliveries a message is parked as poison (None: never).
+
+    The server drops a message for good once it reached the consumer's ``max_deliver``; a drain
+    must park it in the dead-letter table before that, or it is lost.
+    """
+    server = server_max_deliver if server_max_deliver and server_max_deliver > 0 else None
+    if server is not None and configured is not None and configured >= server:
+        raise ConsumerConfigError(
+            f"source.max_deliver {configured} must be below the consumer's max_deliver {server}: "
+            "the server drops a message after that many deliveries, before js-etl could park it")
+    if configured is not None:
+        return configured
+    if server is None:
+        return None
+    if server < 2:
+        raise ConsumerConfigError("the consumer's max_deliver is 1: a message whose round fails "
+                                  "is dropped by the server; use -1 or at least 2")
+    return server - 1
+
+
+def check_priority_settings(config: JobConfig, info: ConsumerInfo) -> PriorityPolicy | None:
+    """The consumer's priority policy, after checking the job's group settings fit it."""
+    source = config.source
+    policy = info.config.priority_policy
+    policy = None if policy in (None, PriorityPolicy.NONE) else policy
+    if policy and source.priority_group not in info.config.priority_groups:
+        raise ConfigError(
+            f"consumer {info.name} uses priority groups {list(info.config.priority_groups)} "
+            f"({policy.value}): set source.priority_group to one of them")
+    overflow = source.min_pending is not None or source.min_ack_pending is not None
+    if overflow and policy is not PriorityPolicy.OVERFLOW:
+        raise ConfigError("source.min_pending / source.min_ack_pending need a consumer with the "
+                          f"'overflow' priority policy; {info.name} has "
+                          f"{policy.value if policy else 'none'}")
+    return policy
 
 
 class Drain:
@@ -101,6 +153,10 @@ class Drain:
         self.ack_prefix = f"$JS.ACK.{self.source.stream}.{self.source.consumer}"
         self.run_id = run_id or uuid.uuid4().hex[:12]
         self.on_round = on_round or (lambda report: None)
+        self.fault = faults.armed()
+        self.pinned = False  # the consumer uses a pinned_client group
+        self.pin_id: str | None = None  # our pin, once the server gave us one
+        self.park_after: int | None = None
         self.report = RunReport(
             job=config.job_id, run_id=self.run_id, stream=self.source.stream,
             consumer=self.source.consumer, target=str(self.target),
@@ -114,22 +170,44 @@ class Drain:
         with self._phase("connect"):
             js = JetStreamSession(self.options)
         with js:
-            self._run(js, started)
+            with self._phase("plan"):
+                info = self._plan(js)
+            lock = TableLock(self.spark, self._lock_location(), self.source.consumer,
+                             self.run_id, ttl=max(3 * (info.config.ack_wait or 0), 600.0))
+            with lock:
+                try:
+                    self._run(js, lock, info, started)
+                finally:
+                    self._unpin(js)
         self.report.seconds = round(time.monotonic() - started, 3)
         return self.report
 
-    def _run(self, js: JetStreamSession, started: float) -> None:
+    def _plan(self, js: JetStreamSession) -> ConsumerInfo:
+        stream = js.stream_info(self.source.stream)
+        info = js.run(js.admin.ensure_drain_consumer(
+            self.source.stream, self._desired_consumer(), create=self.source.create_consumer,
+            min_ack_wait=min_ack_wait(self.config)))
+        self.pinned = check_priority_settings(self.config, info) is PriorityPolicy.PINNED_CLIENT
+        self.park_after = poison_threshold(self.source.max_deliver, info.config.max_deliver)
+        self.report.target_seq = stream.state.last_seq
+        self.report.pending_before = info.num_pending
+        return info
+
+    def _lock_location(self) -> str:
+        if self.target.path or self.target.exists(self.spark):
+            return self.target.location(self.spark)
+        # A catalog table that does not exist yet: lock beside its dead letters, or the
+        # warehouse (documented limit: the first run of a new catalog table).
+        warehouse = self.spark.conf.get("spark.sql.warehouse.dir") or "spark-warehouse"
+        return self.dead_letters.path or f"{warehouse}/{self.target.table}"
+
+    def _run(self, js: JetStreamSession, lock: TableLock, info: ConsumerInfo,
+             started: float) -> None:
         report, run = self.report, self.config.run
-        with self._phase("plan"):
-            stream = js.stream_info(self.source.stream)
-            info = js.run(js.admin.ensure_drain_consumer(
-                self.source.stream, self._desired_consumer(), create=self.source.create_consumer,
-                min_ack_wait=min_ack_wait(self.config)))
-            report.target_seq = stream.state.last_seq
-            report.pending_before = info.num_pending
         with self._phase("fence"):
-            last_round = self._fence(js, info)
+            last_round = self._fence(js, info, lock)
         next_round = last_round + 1
+        retook_pin = False
         while True:
             stop = self._budget_spent(started)
             if stop:
@@ -140,7 +218,10 @@ class Drain:
             if info.num_pending == 0 and info.num_ack_pending == 0:
                 report.stopped_because = "drained"
                 break
-            if report.rounds and info.delivered.stream_seq >= report.target_seq:
+            if (report.rounds and info.delivered.stream_seq >= report.target_seq
+                    and info.num_ack_pending == 0):
+                # Nothing up to the target is left, not even a redelivery (a dead run's
+                # deliveries move the delivered pointer past the target before we read them).
                 report.stopped_because = "target_reached"
                 break
             size = plan_round(self.config, info,
@@ -153,45 +234,123 @@ class Drain:
                     f"{info.config.max_ack_pending} ack-pending slots taken by deliveries this "
                     f"run did not make; they return after ack_wait "
                     f"({info.config.ack_wait or 0:g}s): retry then")
+            if self.pinned and self.pin_id is None:
+                # Only a delivery takes the pin (measured: a 409-only pull does not), so the
+                # first round pulls on one partition; later rounds share its pin id.
+                size = replace(size, partitions=1)
             fetched, blocks = self._fetch(size, info)
+            faults.kill_here("kill_after_fetch")
             try:
                 done = self._commit_and_ack(js, fetched, next_round)
             finally:
-                self._release(blocks)
+                self._release_blocks(blocks)
+            if self.pinned and self._pin_changed(js, done) and not retook_pin:
+                retook_pin = True  # our pin timed out between rounds: take it again, once
+                continue
             if not done:
                 report.stopped_because = "drained"
                 break
             next_round += 1
+            lock.heartbeat(pin_id=self.pin_id)
             self.on_round(report)
-        with self._phase("plan"):
-            info = js.consumer_info(self.source.stream, self.source.consumer)
+        with self._phase("release"):
+            # Everything this run committed is acked; whatever else it holds (a failed task
+            # attempt's deliveries) goes back now rather than after ack_wait.
+            info = _settled_info(js, self.source.stream, self.source.consumer)
+            report.released_at_end = self._nak_unacked(js, info, exclude=set())
+            info = _settled_info(js, self.source.stream, self.source.consumer)
         report.pending_after = info.num_pending
         report.ack_pending_after = info.num_ack_pending
 
     def _desired_consumer(self) -> ConsumerConfig:
+        # No server-side max_deliver: the server would drop a message after it; js-etl parks
+        # poison in the dead-letter table instead (source.max_deliver).
         s = self.source
         return ConsumerConfig(
             durable_name=s.consumer, ack_wait=s.ack_wait or DEFAULT_ACK_WAIT,
             max_ack_pending=s.max_ack_pending or DEFAULT_MAX_ACK_PENDING,
-            max_deliver=s.max_deliver, filter_subjects=tuple(s.filter_subjects),
-            description="js-etl drain into Delta")
+            filter_subjects=tuple(s.filter_subjects), description="js-etl drain into Delta")
 
-    def _fence(self, js: JetStreamSession, info: ConsumerInfo) -> int:
-        """Finish what an earlier run left: ack the newest committed round of this job in both
-        tables, unless the consumer's ack floor shows it fully acked already (acks are
-        idempotent, so a needless re-ack only costs time). Returns the job's last round."""
+    # --- fence ------------------------------------------------------------------------------
+    def _fence(self, js: JetStreamSession, info: ConsumerInfo, lock: TableLock) -> int:
+        """Finish what earlier runs left (see module docstring). Returns the job's last round."""
+        self._take_over_pin(js, info, lock)
         last_round = 0
+        committed: set[int] = set()
+        floor = info.ack_floor.stream_seq
         for table in (self.target, self.dead_letters):
-            commits = table.job_commits(self.spark, self.config.job_id)
-            if not commits:
-                continue
-            version, tag = commits[0]
-            last_round = max(last_round, tag.round)
-            if info.ack_floor.stream_seq < tag.last_seq:
-                keys = committed_keys(self.spark, table, version)
-                self.report.reacked_at_start += self._ack(js, keys)
+            commits = table.job_commits(self.spark, self.config.job_id, limit=FENCE_ROUNDS)
+            if commits:
+                last_round = max(last_round, commits[0][1].round)
+            for version, tag in commits:
+                if tag.last_seq <= floor:
+                    continue  # every row of that round is at or below the ack floor: acked
+                keys = committed_keys(self.spark, table, version, with_error=table is not
+                                      self.target)
+                committed.update(keys.column("seq").to_pylist())
+                self.report.reacked_at_start += self._ack(js, keys, dead=table is not self.target)
+        self.report.released_at_start = self._nak_unacked(js, info, exclude=committed)
         return last_round
 
+    def _nak_unacked(self, js: JetStreamSession, info: ConsumerInfo, *, exclude: set[int]) -> int:
+        """NAK every delivered-but-unacked message except ``exclude`` (only sound while this run
+        holds the lock: no live run owns those deliveries)."""
+        floor, delivered = info.ack_floor.stream_seq, info.delivered.stream_seq
+        if info.num_ack_pending == 0 or delivered <= floor:
+            return 0
+        if delivered - floor > MAX_RELEASE:
+            log.warning("not releasing %d unacked deliveries one by one (window %d..%d too "
+                        "wide); they return after ack_wait", info.num_ack_pending, floor,
+                        delivered)
+            return 0
+        dseq = info.delivered.consumer_seq  # inside the server's NAK window (module docstring)
+        subjects = (ack_subject(self.ack_prefix, 1, seq, dseq)
+                    for seq in range(floor + 1, delivered + 1) if seq not in exclude)
+        js.run(js.acker.send(subjects, nak_body()))
+        # What the server counted as delivered-but-unacked, less what we just acked ourselves.
+        return max(info.num_ack_pending - len(exclude), 0)
+
+    # --- priority-group pin -----------------------------------------------------------------
+    def _take_over_pin(self, js: JetStreamSession, info: ConsumerInfo, lock: TableLock) -> None:
+        if not self.pinned:
+            return
+        holder = info.pinned_id(self.source.priority_group or "")
+        if holder is None:
+            return
+        if lock.previous is not None and lock.previous.pin_id == holder:
+            # The pin belongs to the dead run whose lock we took over: free it now rather than
+            # waiting for priority_timeout.
+            js.run(js.admin.unpin(self.source.stream, self.source.consumer,
+                                  self.source.priority_group or ""))
+            return
+        raise RunRefusedError(f"consumer {self.source.stream}/{self.source.consumer} is pinned "
+                              f"by another client ({holder}); this run would split its stream")
+
+    def _pin_changed(self, js: JetStreamSession, got_messages: bool) -> bool:
+        """After a round on a pinned consumer: learn our pin, or find we lost it."""
+        info = js.consumer_info(self.source.stream, self.source.consumer)
+        holder = info.pinned_id(self.source.priority_group or "")
+        if got_messages and self.pin_id is None:
+            self.pin_id = holder  # our single-partition round took the pin
+            return False
+        if holder is not None and holder != self.pin_id:
+            raise RunRefusedError(f"consumer {self.source.stream}/{self.source.consumer} is "
+                                  f"pinned by another client ({holder})")
+        if holder is None and self.pin_id is not None:
+            self.pin_id = None
+            return True
+        return False
+
+    def _unpin(self, js: JetStreamSession) -> None:
+        if not (self.pinned and self.pin_id):
+            return
+        try:
+            js.run(js.admin.unpin(self.source.stream, self.source.consumer,
+                                  self.source.priority_group or ""))
+        except Exception as e:  # the pin times out on its own; do not mask the run's outcome
+            log.warning("could not unpin %s: %s", self.source.consumer, e)
+
+    # --- rounds -----------------------------------------------------------------------------
     def _fetch(self, size: RoundSize, info: ConsumerInfo) -> tuple[DataFrame, set[int]]:
         ack_wait = info.config.ack_wait or DEFAULT_ACK_WAIT
         plan = FetchPlan(
@@ -202,7 +361,7 @@ class Drain:
             pull_timeout=self.config.fetch.pull_timeout,
             fetch_seconds=max(self.config.fetch.pull_timeout, ack_wait / 3),
             group=self.source.priority_group, min_pending=self.source.min_pending,
-            min_ack_pending=self.source.min_ack_pending)
+            min_ack_pending=self.source.min_ack_pending, pin_id=self.pin_id, fault=self.fault)
         with self._phase("fetch"):
             df = (self.spark.range(size.partitions, numPartitions=size.partitions)
                   .mapInArrow(partial(fetch_partition, plan), RAW_DDL))
@@ -214,7 +373,7 @@ class Drain:
     def _persistent_rdds(self) -> set[int]:
         return set(self.spark.sparkContext._jsc.getPersistentRDDs().keys())
 
-    def _release(self, rdd_ids: set[int]) -> None:
+    def _release_blocks(self, rdd_ids: set[int]) -> None:
         """Free the round's checkpoint blocks now: ``DataFrame.unpersist`` does not reach a
         local checkpoint, and waiting for the JVM's GC lets memory grow with the backlog."""
         rdds = self.spark.sparkContext._jsc.getPersistentRDDs()
@@ -232,30 +391,36 @@ class Drain:
                                 F.min("seq").alias("first"), F.max("seq").alias("last")).first()
             if not stats["n"]:
                 return False
-            decoded = decode(fetched, self.config.decode.format, self.config.decode.schema)
+            decoded = decode(fetched, self.config.decode.format, self.config.decode.schema,
+                             park_after=self.park_after)
             tag = CommitTag(self.config.job_id, self.run_id, round_no, self.ack_prefix,
                             int(stats["first"]), int(stats["last"]))
             committed = []
             if not decoded.dead_letters.isEmpty():
                 self.dead_letters.append(decoded.dead_letters, tag, partition_by=[],
                                          merge_schema=False)
-                committed.append((self.dead_letters, report.dead_letter_versions))
+                committed.append(self.dead_letters)
             rows, partition_names = with_partition_columns(decoded.rows,
                                                            list(self.config.target.partition_by))
+            if self.fault == "fail_write_task":
+                rows = rows.mapInArrow(faults.failing_write_stage, rows.schema)
             self.target.append(rows, tag, partition_by=partition_names,
                                merge_schema=self.config.decode.merge_schema)
-            committed.append((self.target, report.delta_versions))
+            committed.append(self.target)
+        faults.kill_here("kill_after_commit")
         with self._phase("ack"):
-            for table, versions in committed:
+            for table in committed:
+                dead = table is self.dead_letters
                 version = table.commit_of(self.spark, tag)
                 if version is None:
                     continue  # nothing committed for this table: nothing to ack
-                versions.append(version)
-                acked = self._ack(js, committed_keys(self.spark, table, version))
-                if table is self.target:
-                    report.messages_written += acked
-                else:
+                (report.dead_letter_versions if dead else report.delta_versions).append(version)
+                acked = self._ack(js, committed_keys(self.spark, table, version, with_error=dead),
+                                  dead=dead)
+                if dead:
                     report.dead_letters += acked
+                else:
+                    report.messages_written += acked
         report.rounds += 1
         report.bytes += int(stats["bytes"])
         report.first_seq = min(x for x in (report.first_seq, stats["first"]) if x is not None)
@@ -264,12 +429,24 @@ class Drain:
                  report.delta_versions[-1:])
         return True
 
-    def _ack(self, js: JetStreamSession, keys: Any) -> int:
+    def _ack(self, js: JetStreamSession, keys: Any, *, dead: bool = False) -> int:
+        """+ACK committed table rows; +TERM dead letters with their reason (after commit)."""
         if keys.num_rows == 0:
             return 0
-        prefix = self.ack_prefix
         columns = [keys.column(c).to_pylist() for c in ("num_delivered", "seq", "consumer_seq")]
-        return js.ack(ack_subject(prefix, d, s, c) for d, s, c in zip(*columns, strict=True))
+        subjects = [ack_subject(self.ack_prefix, d, s, c) for d, s, c in zip(*columns, strict=True)]
+        if not dead:
+            half = len(subjects) // 2 if self.fault == "kill_mid_ack" else len(subjects)
+            js.run(js.acker.send(subjects[:half], ACK))
+            faults.kill_here("kill_mid_ack")
+            js.run(js.acker.send(subjects[half:], ACK))
+            return len(subjects)
+        by_reason: dict[str, list[str]] = {}
+        for subject, error in zip(subjects, keys.column("error").to_pylist(), strict=True):
+            by_reason.setdefault(error or "dead letter", []).append(subject)
+        for reason, group in by_reason.items():
+            js.run(js.acker.send(group, term_body(f"js-etl dead letter: {reason}")))
+        return len(subjects)
 
     def _budget_spent(self, started: float) -> str | None:
         run, report = self.config.run, self.report
@@ -299,12 +476,26 @@ class _Phase:
         self.report.add_phase(self.name, time.monotonic() - self.started)
 
 
+def _settled_info(js: JetStreamSession, stream: str, consumer: str) -> ConsumerInfo:
+    """Consumer info once the server has applied the acks we flushed (it applies them
+    asynchronously: an info right after a flush can still count a few as pending)."""
+    info = js.consumer_info(stream, consumer)
+    for _ in range(20):
+        again = js.consumer_info(stream, consumer)
+        if (again.num_ack_pending, again.ack_floor) == (info.num_ack_pending, info.ack_floor):
+            return again
+        info = again
+        time.sleep(0.01)
+    return info
+
+
 def _left(budget: int | None, used: int) -> float:
     return float("inf") if budget is None else budget - used
 
 
 def run_drain(spark: SparkSession, config: JobConfig, *, run_id: str | None = None,
-              options: ConnectionOptions | None = None) -> RunReport:
+              options: ConnectionOptions | None = None,
+              on_round: Callable[[RunReport], None] | None = None) -> RunReport:
     """Drain ``config.source`` into ``config.target`` on ``spark`` and return the report.
 
     >>> report = run_drain(spark, load_config("conf/example.yaml"))
@@ -312,4 +503,4 @@ def run_drain(spark: SparkSession, config: JobConfig, *, run_id: str | None = No
     (12000, 'drained')
     """
     return Drain(spark, config, options or config.nats.connection_options(),
-                 run_id=run_id).run()
+                 run_id=run_id, on_round=on_round).run()

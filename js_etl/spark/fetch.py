@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from js_etl.errors import TerminalError
+from js_etl.faults import fail_first_attempt
 from js_etl.jetstream import ConnectionOptions, JetStreamSession, PullEnd, parse_headers
 from js_etl.jetstream.message import JsMessage
 
@@ -53,13 +54,13 @@ class FetchPlan:
     min_pending: int | None = None
     min_ack_pending: int | None = None
     pin_id: str | None = None
+    fault: str | None = None  # test-only fault point, see js_etl.faults
 
 
 def fetch_partition(plan: FetchPlan, batches: Iterator[pa.RecordBatch]
                     ) -> Iterator[pa.RecordBatch]:
-    """``mapInArrow`` body. The input (one row per partition) only decides how many run."""
-    for _ in batches:
-        pass
+    """``mapInArrow`` body. The input is one row per partition: its index."""
+    index = [i for batch in batches for i in batch.column(0).to_pylist()]
     started = time.monotonic()
     with JetStreamSession(plan.options) as js:
         puller = js.puller(plan.stream, plan.consumer, group=plan.group,
@@ -75,16 +76,26 @@ def fetch_partition(plan: FetchPlan, batches: Iterator[pa.RecordBatch]
                 yield to_record_batch(result.messages, plan.ack_prefix)
                 got += len(result.messages)
                 size += result.bytes
-            if result.end in (PullEnd.NO_MESSAGES, PullEnd.REQUESTS_PENDING, PullEnd.DEADLINE):
-                break  # drained for now, or at max_ack_pending: commit what we have
-            result.raise_for_status()  # disconnects, pin loss, errors: fail this task attempt
-            last = result.messages[-1].reply if result.messages else ""
-            if last.endswith(".0") or _seq(last) >= plan.stop_after_seq:
-                break  # pending token 0: nothing undelivered left / reached the run's target
+            if result.end in (PullEnd.NO_MESSAGES, PullEnd.REQUESTS_PENDING, PullEnd.DEADLINE,
+                              PullEnd.PIN_MISMATCH):
+                # Drained for now, at max_ack_pending, or not (or no longer) the pinned client:
+                # commit what we have; the driver reads the pin state between rounds.
+                break
+            result.raise_for_status()  # disconnects, errors: fail this task attempt
+            if index == [0]:
+                fail_first_attempt("fail_fetch_task", plan.fault)
+            if result.messages and _nothing_left(result.messages[-1].reply,
+                                                 plan.stop_after_seq):
+                break
 
 
-def _seq(reply: str) -> int:
-    return int(reply.rsplit(".", 5)[2]) if reply else 0
+def _nothing_left(reply: str, stop_after_seq: int) -> bool:
+    """Whether the last delivery of a pull says this partition can stop without another pull:
+    it is past the run's target, or it is a first delivery whose pending token is 0 (nothing
+    undelivered left). Redeliveries are not counted in that token (measured), so after a
+    redelivery only a 404 tells."""
+    delivered, seq, _, _, pending = reply.rsplit(".", 5)[1:]
+    return int(seq) >= stop_after_seq or (delivered == "1" and pending == "0")
 
 
 def to_record_batch(messages: list[JsMessage], ack_prefix: str) -> pa.RecordBatch:

@@ -1,0 +1,62 @@
+"""Test-only fault injection, so the fault matrix can break a run at exact points.
+
+``JS_ETL_FAULT=<point>`` in the driver's environment arms one point. Production runs never set
+it; an unknown name is refused so a typo cannot silently test nothing.
+
+* ``kill_after_fetch`` — the driver SIGKILLs itself after the round's fetch is checkpointed;
+* ``kill_after_commit`` — after the round's Delta commits, before any ack;
+* ``kill_mid_ack`` — after acking half of the round's committed rows;
+* ``fail_fetch_task`` — the first attempt of fetch task 0 raises after its first pull
+  (Spark retries it; its messages are never committed nor acked);
+* ``fail_write_task`` — the first attempt of each write task raises mid-write.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+
+from js_etl.errors import ConfigError
+
+ENV = "JS_ETL_FAULT"
+POINTS = frozenset({"kill_after_fetch", "kill_after_commit", "kill_mid_ack", "fail_fetch_task",
+                    "fail_write_task"})
+
+
+class InjectedFault(RuntimeError):
+    """Raised on purpose by a fault point."""
+
+
+def armed() -> str | None:
+    point = os.environ.get(ENV) or None
+    if point is not None and point not in POINTS:
+        raise ConfigError(f"{ENV}={point!r} is not a fault point; use one of {sorted(POINTS)}")
+    return point
+
+
+def kill_here(point: str) -> None:
+    """SIGKILL this process if ``point`` is armed: no cleanup, no finally blocks."""
+    if armed() == point:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def fail_first_attempt(point: str, fault: str | None) -> None:
+    """On an executor: raise if ``point`` is the plan's fault and this is a task's 1st attempt."""
+    if fault != point:
+        return
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    if context is not None and context.attemptNumber() == 0:
+        raise InjectedFault(f"{point}: injected failure of task {context.partitionId()}, "
+                            "attempt 0")
+
+
+def failing_write_stage(batches: Iterator[object]) -> Iterator[object]:
+    """Identity ``mapInArrow`` stage whose first attempt fails after its first batch."""
+    for i, batch in enumerate(batches):
+        if i == 1:
+            fail_first_attempt("fail_write_task", "fail_write_task")
+        yield batch
+    fail_first_attempt("fail_write_task", "fail_write_task")

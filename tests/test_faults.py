@@ -1,0 +1,325 @@
+"""The fault matrix: every case breaks a run for real, then a clean recovery run must leave
+the table holding every good message exactly once (by seq), the dead-letter table exactly the
+poison ones, and the consumer with nothing pending or ack-pending.
+
+SIGKILL cases kill a real ``js-etl drain`` process at a fault point (``JS_ETL_FAULT``, see
+js_etl/faults.py); task failures and server restarts run in-process on the shared Spark.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from js_etl.config import load_config
+from js_etl.errors import RunRefusedError
+from js_etl.jetstream import ConnectionOptions, ConsumerConfig, JetStreamSession, PriorityPolicy
+from js_etl.jetstream.publish import publish, wait_for_messages
+from js_etl.jetstream.server import LocalNatsServer
+from js_etl.spark.drain import run_drain
+from js_etl.spark.lock import TableLock
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+SCHEMA = "id BIGINT"
+
+
+def events(names: Any, n: int, *, poison_every: int = 0) -> tuple[list[Any], list[int], list[int]]:
+    """n messages (seq i+1 carries id i); every ``poison_every``-th is undecodable."""
+    messages, good, bad = [], [], []
+    for i in range(n):
+        if poison_every and i % poison_every == poison_every - 1:
+            messages.append((f"{names.prefix}.e", b"{not json"))
+            bad.append(i + 1)
+        else:
+            messages.append((f"{names.prefix}.e", json.dumps({"id": i}).encode()))
+            good.append(i + 1)
+    return messages, good, bad
+
+
+def setup_stream(js: JetStreamSession, names: Any, messages: list[Any], **consumer: Any) -> None:
+    js.run(js.admin.add_stream(names.stream, [names.subject]))
+    js.run(js.admin.create_consumer(names.stream, ConsumerConfig(
+        durable_name=names.consumer, ack_wait=consumer.pop("ack_wait", 300),
+        max_ack_pending=consumer.pop("max_ack_pending", 100_000), **consumer)))
+    js.run(publish(js.conn, messages))
+    js.run(wait_for_messages(js.conn, names.stream, len(messages)))
+
+
+def overrides(names: Any, url: str, table: Path, *extra: str) -> list[str]:
+    return [f"nats.servers={url}", f"source.stream={names.stream}",
+            f"source.consumer={names.consumer}", f"target.path={table}",
+            "decode.format=json", f"decode.schema={SCHEMA}", "fetch.partitions=2",
+            "fetch.batch=100", "fetch.pull_timeout=1", *extra]
+
+
+def config_for(names: Any, url: str, table: Path, *extra: str) -> Any:
+    return load_config(None, overrides(names, url, table, *extra), environ={})
+
+
+def assert_exactly_once(spark: Any, js: JetStreamSession, names: Any, table: Path,
+                        good: list[int], bad: list[int]) -> None:
+    rows = [r.seq for r in spark.read.format("delta").load(str(table)).select("seq").collect()]
+    assert sorted(rows) == good, "table must hold every good message exactly once"
+    dead_path = Path(f"{table}_dead_letters")
+    dead = ([r.seq for r in spark.read.format("delta").load(str(dead_path)).collect()]
+            if (dead_path / "_delta_log").exists() else [])
+    assert sorted(dead) == bad, "dead letters must be exactly the poison messages"
+    for _ in range(100):  # acks are applied asynchronously
+        info = js.consumer_info(names.stream, names.consumer)
+        if info.num_pending == 0 and info.num_ack_pending == 0:
+            break
+        time.sleep(0.05)
+    assert (info.num_pending, info.num_ack_pending) == (0, 0)
+
+
+def drain_process(names: Any, url: str, table: Path, fault: str | None, marker: str,
+                  *extra: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "TZ": "UTC", "JS_ETL_TEST_MARKER": marker,
+           "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env.pop("JS_ETL_FAULT", None)
+    if fault:
+        env["JS_ETL_FAULT"] = fault
+    args = [str(BIN / "js-etl"), "drain"]
+    for item in overrides(names, url, table, *extra):
+        args += ["--set", item]
+    return subprocess.Popen(args, env=env, cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def assert_no_process_left(marker: str) -> None:
+    """The killed driver's JVM must exit too (it watches the driver's pipe)."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        left = []
+        for proc in psutil.process_iter(["pid"]):
+            try:
+                if proc.environ().get("JS_ETL_TEST_MARKER") == marker:
+                    left.append(proc.pid)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        if not left:
+            return
+        time.sleep(0.2)
+    for pid in left:
+        psutil.Process(pid).kill()
+    pytest.fail(f"processes of the killed run still alive: {left}")
+
+
+@pytest.mark.parametrize("fault", ["kill_after_fetch", "kill_after_commit", "kill_mid_ack"])
+def test_driver_sigkilled_then_recovery_run(fault, spark, js, names, nats_server, tmp_path):
+    messages, good, bad = events(names, 600, poison_every=97)
+    setup_stream(js, names, messages)
+    table = tmp_path / "table"
+    marker = uuid.uuid4().hex
+
+    proc = drain_process(names, nats_server.url, table, fault, marker)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == -9, f"expected SIGKILL at {fault}, got {proc.returncode}: {err[-800:]}"
+    assert_no_process_left(marker)
+    before = js.consumer_info(names.stream, names.consumer)
+    assert before.num_ack_pending > 0  # the dead run left deliveries behind
+
+    report = run_drain(spark, config_for(names, nats_server.url, table))
+
+    if fault == "kill_after_fetch":
+        assert report.released_at_start > 0  # fetched, never committed: NAKed back at once
+    else:
+        assert report.reacked_at_start > 0  # committed, never (fully) acked: acked by the fence
+    assert_exactly_once(spark, js, names, table, good, bad)
+
+
+@pytest.mark.parametrize("fault", ["fail_fetch_task", "fail_write_task"])
+def test_failed_task_attempt_is_retried_and_never_acked(fault, spark, js, names, nats_server,
+                                                        tmp_path, monkeypatch):
+    messages, good, bad = events(names, 800, poison_every=101)
+    setup_stream(js, names, messages)
+    table = tmp_path / "table"
+    config = config_for(names, nats_server.url, table)
+
+    monkeypatch.setenv("JS_ETL_FAULT", fault)
+    first = run_drain(spark, config)
+    monkeypatch.delenv("JS_ETL_FAULT")
+    if fault == "fail_fetch_task":
+        # Attempt 0 of task 0 pulled a batch and died: those deliveries were never committed,
+        # never acked, and released at the end of the run.
+        assert first.released_at_end > 0
+    run_drain(spark, config)
+
+    assert_exactly_once(spark, js, names, table, good, bad)
+
+
+def test_nats_server_restarted_mid_run(spark, names, tmp_path):
+    table = tmp_path / "table"
+    with LocalNatsServer(tmp_path / "nats") as server:
+        options = ConnectionOptions(servers=(server.url,), connect_timeout=2)
+        messages, good, bad = events(names, 500, poison_every=50)
+        with JetStreamSession(options) as js:
+            setup_stream(js, names, messages, max_ack_pending=120)
+        config = config_for(names, server.url, table)
+        restarts = []
+
+        def restart_after_first_round(report: Any) -> None:
+            if not restarts:
+                server.restart()  # same port, same store directory
+                restarts.append(report.rounds)
+
+        try:
+            run_drain(spark, config, on_round=restart_after_first_round)
+        except Exception:  # a run may fail over the restart; the recovery run must fix it
+            pass
+        assert restarts == [1]
+        run_drain(spark, config)
+        with JetStreamSession(options) as js:
+            assert_exactly_once(spark, js, names, table, good, bad)
+
+
+def test_ack_wait_shorter_than_a_round(spark, js, names, nats_server, tmp_path):
+    messages, good, bad = events(names, 400, poison_every=77)
+    setup_stream(js, names, messages, ack_wait=1, max_ack_pending=100)
+    table = tmp_path / "table"
+    config = config_for(names, nats_server.url, table, "fetch.pull_timeout=0.3")
+
+    report = run_drain(spark, config)
+    # Fetched messages wait longer than ack_wait for their commit and ack in every round.
+    phases = report.phase_seconds
+    assert (phases["write"] + phases["ack"]) / report.rounds > 1
+    run_drain(spark, config)
+
+    assert_exactly_once(spark, js, names, table, good, bad)
+
+
+def test_poison_and_oversize_messages_never_stall_the_drain(spark, js, names, nats_server,
+                                                            tmp_path):
+    messages, good, bad = events(names, 300, poison_every=13)
+    big_seq = 150
+    messages[big_seq - 1] = (f"{names.prefix}.e", json.dumps({"id": 149, "pad": "x" * 4000})
+                             .encode())
+    setup_stream(js, names, messages)
+    # A message that keeps failing elsewhere: delivered 3 times before the drain sees it.
+    stuck_seq = good[0]
+    other = js.puller(names.stream, names.consumer)
+    for _ in range(3):
+        result = js.pull(other, 1)
+        assert result.messages[0].metadata.stream_seq == stuck_seq
+        js.nak([result.messages[0].reply])
+    terms: list[dict[str, Any]] = []
+
+    async def watch_terms() -> None:
+        async def on_term(msg: Any) -> None:
+            terms.append(json.loads(msg.data))
+        await js.conn.nc.subscribe(
+            f"$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.{names.stream}.{names.consumer}",
+            cb=on_term)
+    js.run(watch_terms())
+    table = tmp_path / "table"
+
+    report = run_drain(spark, config_for(names, nats_server.url, table,
+                                         "fetch.max_bytes=2048", "source.max_deliver=2"))
+
+    poison = sorted([*bad, stuck_seq])
+    good_only = [s for s in good if s != stuck_seq]
+    assert_exactly_once(spark, js, names, table, good_only, poison)
+    assert report.dead_letters == len(poison)
+    js.run(js.conn.nc.flush())
+    time.sleep(0.2)
+    terminated = {t["stream_seq"]: t.get("reason", "") for t in terms}
+    assert set(terminated) == set(poison)  # dead letters are +TERMed, with their reason
+    assert "poison: delivered 4 times" in terminated[stuck_seq]
+    assert "malformed JSON" in terminated[bad[0]]
+
+
+def test_second_run_while_one_is_live_is_refused(spark, js, names, nats_server, tmp_path):
+    messages, good, bad = events(names, 50)
+    setup_stream(js, names, messages)
+    table = tmp_path / "table"
+    config = config_for(names, nats_server.url, table)
+    # A live run: this very process holds the lock.
+    with TableLock(spark, str(table), names.consumer, "live-run", ttl=600):
+        with pytest.raises(RunRefusedError, match="another run holds this consumer"):
+            run_drain(spark, config)
+        assert js.consumer_info(names.stream, names.consumer).num_ack_pending == 0
+    run_drain(spark, config)
+    assert_exactly_once(spark, js, names, table, good, bad)
+
+
+def test_two_runs_started_together_one_is_refused(spark, js, names, nats_server, tmp_path):
+    messages, good, bad = events(names, 3000)
+    setup_stream(js, names, messages, max_ack_pending=150)  # many rounds: a long first run
+    table = tmp_path / "table"
+    lock = table / "_js_etl" / f"{names.consumer}.lock"
+    first = drain_process(names, nats_server.url, table, None, uuid.uuid4().hex)
+    deadline = time.monotonic() + 90
+    while not lock.exists() and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert lock.exists(), "the first run should be holding the lock by now"
+    second = drain_process(names, nats_server.url, table, None, uuid.uuid4().hex)
+    _, second_err = second.communicate(timeout=180)
+    first.communicate(timeout=300)
+
+    assert first.returncode == 0
+    assert second.returncode == 73, second_err[-800:]
+    assert "another run holds this consumer" in second_err
+    run_drain(spark, config_for(names, nats_server.url, table))
+    assert_exactly_once(spark, js, names, table, good, bad)
+
+
+def test_pinned_client_group_run_takes_and_releases_the_pin(spark, js, names, nats_server,
+                                                            tmp_path):
+    messages, good, bad = events(names, 400)
+    setup_stream(js, names, messages, priority_groups=("etl",), max_ack_pending=100,
+                 priority_policy=PriorityPolicy.PINNED_CLIENT, priority_timeout=30)
+    table = tmp_path / "table"
+    config = config_for(names, nats_server.url, table, "source.priority_group=etl",
+                        "fetch.batch=50")
+
+    report = run_drain(spark, config)
+
+    # Round 1 takes the pin on one partition; later rounds pull on both with its id.
+    assert report.messages_written == 400 and report.rounds >= 4
+    assert js.consumer_info(names.stream, names.consumer).pinned_id("etl") is None  # unpinned
+    assert_exactly_once(spark, js, names, table, good, bad)
+
+
+def test_pinned_by_another_client_is_refused(spark, js, names, nats_server, tmp_path):
+    messages, _, _ = events(names, 20)
+    setup_stream(js, names, messages, priority_groups=("etl",),
+                 priority_policy=PriorityPolicy.PINNED_CLIENT, priority_timeout=30)
+    foreign = js.puller(names.stream, names.consumer, group="etl")
+    taken = js.pull(foreign, 1)
+    assert foreign.pin_id and taken.messages
+    js.ack([taken.messages[0].reply])
+
+    with pytest.raises(RunRefusedError, match="pinned by another client"):
+        run_drain(spark, config_for(names, nats_server.url, tmp_path / "t",
+                                    "source.priority_group=etl"))
+
+
+def test_overflow_helper_drains_only_above_min_pending(spark, js, names, nats_server, tmp_path):
+    messages, good, bad = events(names, 120)
+    setup_stream(js, names, messages, priority_groups=("spill",),
+                 priority_policy=PriorityPolicy.OVERFLOW)
+    table = tmp_path / "table"
+
+    quiet = run_drain(spark, config_for(names, nats_server.url, table,
+                                        "source.priority_group=spill",
+                                        "source.min_pending=1000"))
+    assert quiet.messages_written == 0 and quiet.stopped_because == "drained"
+    assert js.consumer_info(names.stream, names.consumer).num_pending == 120
+
+    busy = run_drain(spark, config_for(names, nats_server.url, table,
+                                       "source.priority_group=spill", "source.min_pending=50"))
+    assert busy.messages_written >= 70  # served while the backlog stayed >= 50
+    run_drain(spark, config_for(names, nats_server.url, table, "source.priority_group=spill"))
+    assert_exactly_once(spark, js, names, table, good, bad)
