@@ -25,8 +25,9 @@ _CORRUPT = "_js_etl_corrupt"
 
 @dataclass(frozen=True)
 class Decoded:
-    rows: DataFrame  # what goes into the target table
-    dead_letters: DataFrame  # DEAD_LETTER_COLUMNS
+    flagged: DataFrame  # every fetched row, payload parsed, with an `error` column (null = good)
+    rows: DataFrame  # what goes into the target table (a projection of `flagged`)
+    dead_letters: DataFrame  # DEAD_LETTER_COLUMNS (a projection of `flagged`)
 
 
 def json_fields(schema_ddl: str) -> list[str]:
@@ -85,7 +86,7 @@ def decode(raw: DataFrame, fmt: Format, schema_ddl: str | None = None, *,
             F.lit("poison: delivered "), F.col("num_delivered").cast("string"),
             F.lit(f" times (more than source.max_deliver {park_after})"))).otherwise(error)
     flagged = flagged.withColumn("error", error)
-    return Decoded(flagged.where(F.col("error").isNull()).select(*origin, *payload),
+    return Decoded(flagged, flagged.where(F.col("error").isNull()).select(*origin, *payload),
                    flagged.where(F.col("error").isNotNull()).select(*_dead(F.col("error"))))
 
 

@@ -113,11 +113,22 @@ def committed_keys(spark: SparkSession, target: DeltaTarget, version: int, *,
     empty = pa.table({c: pa.array([], pa.string() if c == "error" else pa.int64())
                       for c in columns})
     location = target.location(spark)
-    log = spark.read.json(f"{location}/_delta_log/{version:020d}.json")
-    if "add" not in log.columns:
-        return empty
-    paths = [r[0] for r in log.where("add IS NOT NULL").select("add.path").collect()]
+    paths = added_files(spark, location, version)
     if not paths:
         return empty
     files = [p if "://" in p or p.startswith("/") else f"{location}/{unquote(p)}" for p in paths]
     return spark.read.parquet(*files).select(*columns).toArrow()
+
+
+def added_files(spark: SparkSession, location: str, version: int) -> list[str]:
+    """The data files commit ``version`` added: its ``add`` actions, read from the commit file on
+    the driver through Hadoop's FileSystem (any store Spark can write; no Spark job)."""
+    jvm = spark._jvm  # type: ignore[attr-defined]
+    path = jvm.org.apache.hadoop.fs.Path(f"{location}/_delta_log/{version:020d}.json")
+    stream = path.getFileSystem(spark._jsc.hadoopConfiguration()).open(path)  # type: ignore
+    try:
+        text = str(jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
+    finally:
+        stream.close()
+    actions = (json.loads(line) for line in text.splitlines() if line.strip())
+    return [a["add"]["path"] for a in actions if "add" in a]

@@ -382,21 +382,31 @@ class Drain:
                 rdds[rdd_id].unpersist(False)
 
     def _commit_and_ack(self, js: JetStreamSession, fetched: DataFrame, round_no: int) -> bool:
+        decoded = decode(fetched, self.config.decode.format, self.config.decode.schema,
+                         park_after=self.park_after)
+        # Parse once for the stats and both writes. Caching is safe here, unlike for the fetch:
+        # this is a pure function of the checkpoint, so a lost block recomputes the same rows.
+        decoded.flagged.persist()
+        try:
+            return self._write_round(js, decoded, round_no)
+        finally:
+            decoded.flagged.unpersist()
+
+    def _write_round(self, js: JetStreamSession, decoded: Any, round_no: int) -> bool:
         from pyspark.sql import functions as F
 
         report = self.report
         with self._phase("write"):
-            stats = fetched.agg(F.count("*").alias("n"),
-                                F.coalesce(F.sum(F.length("data")), F.lit(0)).alias("bytes"),
-                                F.min("seq").alias("first"), F.max("seq").alias("last")).first()
+            stats = decoded.flagged.agg(
+                F.count("*").alias("n"), F.count("error").alias("dead"),
+                F.coalesce(F.sum(F.length("data")), F.lit(0)).alias("bytes"),
+                F.min("seq").alias("first"), F.max("seq").alias("last")).first()
             if not stats["n"]:
                 return False
-            decoded = decode(fetched, self.config.decode.format, self.config.decode.schema,
-                             park_after=self.park_after)
             tag = CommitTag(self.config.job_id, self.run_id, round_no, self.ack_prefix,
                             int(stats["first"]), int(stats["last"]))
             committed = []
-            if not decoded.dead_letters.isEmpty():
+            if stats["dead"]:
                 self.dead_letters.append(decoded.dead_letters, tag, partition_by=[],
                                          merge_schema=False)
                 committed.append(self.dead_letters)
