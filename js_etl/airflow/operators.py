@@ -1,0 +1,391 @@
+"""Run the js-etl job under spark-submit from Airflow, and return its run report as XCom.
+
+The operator is a thin, stateless wrapper: every retry is simply another resumable run of the
+job (the durable consumer holds the position, the Delta log holds what was committed), so the
+operator keeps nothing between attempts.
+
+How the pieces meet:
+
+* NATS: the ``nats`` connection, read by :class:`~js_etl.airflow.hooks.JetStreamHook` only, is
+  handed to the job as environment variables of the spark-submit process (secrets as values of
+  variables the config names) — never as ``--conf`` or ``--set`` on the command line.
+* Spark: the provider's ``SparkSubmitHook`` (``spark_conn_id``; its master, or ``master=``).
+* Result: the job writes its run report to ``--report-file``; the operator returns it
+  (XCom ``return_value``). A failed job fails the task with the job's own one-line reason (the
+  last ``js-etl: ...`` line of its output); exit code 2 (fix something first) fails without
+  retries, anything else (75 transient, 73 refused, 1 unexpected) is retried as configured.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args
+
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+from airflow.sdk import Asset, AssetAlias, BaseOperator
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from js_etl.airflow.assets import target_asset
+from js_etl.airflow.hooks import JetStreamHook
+from js_etl.config import JobConfig, load_config
+from js_etl.errors import JsEtlError
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+Job = Literal["drain", "backfill"]
+JOBS_DIR = Path(__file__).resolve().parents[2] / "jobs"
+JOB_SCRIPTS: dict[str, str] = {"drain": "drain_to_delta.py", "backfill": "backfill_to_delta.py"}
+EXIT_MEANINGS = {
+    2: "terminal: fix something first, not retried",
+    73: "refused: another run holds the consumer",
+    75: "transient: a retry may succeed",
+    1: "unexpected",
+}
+_REASON_PREFIX = "js-etl: "
+_REPORT_PREFIX = '{"job":'
+
+
+class _JobSubmitHook(SparkSubmitHook):
+    """``SparkSubmitHook`` plus three things the job needs (written against provider 6.3):
+
+    * ``process_env`` goes to the spark-submit *process* only. The provider turns ``env_vars``
+      into ``--conf spark.yarn.appMasterEnv.X=value`` on YARN/Kubernetes, which would put
+      secrets on a command line; these never take that path.
+    * the output is watched for the job's reason line and report line while the provider logs it.
+    * ``master`` overrides the Spark connection's master (e.g. ``local[2]`` for tests).
+    """
+
+    def __init__(self, *, process_env: Mapping[str, str], master: str | None = None,
+                 **kwargs: Any) -> None:
+        self._process_env = dict(process_env)
+        self._master_override = master
+        self.job_reason: str | None = None
+        self.report_line: str | None = None
+        super().__init__(**kwargs)
+
+    @property
+    def master(self) -> str:
+        return str(self._connection["master"])
+
+    @property
+    def returncode(self) -> int | None:
+        return self._submit_sp.returncode if self._submit_sp is not None else None
+
+    def _resolve_connection(self) -> dict[str, Any]:
+        data = super()._resolve_connection()
+        if self._master_override:
+            data["master"] = self._master_override
+        return data
+
+    def _build_spark_common_args(self) -> list[str]:
+        args = super()._build_spark_common_args()
+        # The provider sets self._env from env_vars (for Popen); ours go underneath them.
+        self._env = {**self._process_env, **(self._env or {})}
+        return args
+
+    def _process_spark_submit_log(self, itr: Iterator[Any]) -> None:
+        super()._process_spark_submit_log(self._watch(itr))
+
+    def _watch(self, itr: Iterator[Any]) -> Iterator[Any]:
+        # Under spark-submit the job's stderr is merged into stdout: its failure reason is the
+        # last line starting "js-etl: ", its report the last line starting '{"job":'. Neither
+        # need be the very last line (py4j and Spark's shutdown hooks log at exit).
+        for raw in itr:
+            line = str(raw).strip()
+            if line.startswith(_REASON_PREFIX):
+                self.job_reason = line
+            elif line.startswith(_REPORT_PREFIX):
+                self.report_line = line
+            yield raw
+
+
+def _is_dynamic(value: Any) -> bool:
+    """True for values only known at run time: Jinja templates, XComArgs and the like."""
+    if value is None or isinstance(value, bool | int | float | os.PathLike):
+        return False
+    if isinstance(value, str):
+        return "{{" in value or "{%" in value
+    if isinstance(value, Mapping):
+        return any(_is_dynamic(k) or _is_dynamic(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_is_dynamic(v) for v in value)
+    return True
+
+
+def _yaml_text(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_yaml_text(v) for v in value) + "]"
+    return str(value)
+
+
+def override_list(overrides: Mapping[str, Any] | Sequence[str] | None) -> list[str]:
+    """``{"fetch.batch": 500}`` or ``["fetch.batch=500"]`` → ``["fetch.batch=500"]``."""
+    if overrides is None:
+        return []
+    if isinstance(overrides, Mapping):
+        return [f"{key}={_yaml_text(value)}" for key, value in overrides.items()]
+    if isinstance(overrides, str):
+        return [overrides]
+    return [str(item) for item in overrides]
+
+
+def default_spark_binary() -> str:
+    """The ``spark-submit`` next to the running interpreter (pyspark's, in the venv), else the
+    one on PATH."""
+    beside = Path(sys.executable).with_name("spark-submit")
+    return str(beside) if beside.exists() else "spark-submit"
+
+
+class JetStreamToDeltaOperator(BaseOperator):
+    """Drain a JetStream durable consumer into a Delta table with spark-submit.
+
+    :param config_path: the job's YAML config (absolute path; templated).
+    :param overrides: config overrides passed as ``--set key=value``: a dict
+        (``{"run.max_messages": 10000}``) or a list of ``"key=value"`` (templated).
+    :param job: ``"drain"`` (``jobs/drain_to_delta.py``) or ``"backfill"``
+        (``jobs/backfill_to_delta.py``).
+    :param job_args: more arguments for the job script, e.g. ``["--from-seq", "1000"]`` for a
+        backfill (templated; an XComArg works too).
+    :param nats_conn_id: the ``nats`` connection; it owns the config's whole ``nats`` section.
+    :param spark_conn_id: the provider's Spark connection (its host is the master). When it
+        does not exist the provider falls back to master ``yarn``: for local runs define
+        ``AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type":"spark","host":"local[2]"}'`` or pass ``master``.
+    :param master: overrides the Spark connection's master, e.g. ``"local[2]"``.
+    :param conf: extra Spark conf (``--conf``; templated).
+    :param jars: jars for ``--jars`` (list or comma-separated); default Delta's jars
+        (:func:`js_etl.spark.jars.delta_jars`); ``""`` for none.
+    :param spark_binary: default: the ``spark-submit`` next to the running Python (pyspark's),
+        else ``spark-submit`` on PATH. With a ``local`` master, ``PYSPARK_PYTHON`` defaults to
+        the running Python so the job imports the same js_etl.
+    :param env_vars: more environment for spark-submit (templated); wins over the connection's.
+    :param application: the job script; default from ``job`` in the repository's ``jobs/``.
+    :param spark_submit_kwargs: anything else for ``SparkSubmitHook`` (``driver_memory``,
+        ``executor_memory``, ``py_files``, ``deploy_mode`` …). The report file and the NATS
+        environment need client deploy mode (the default).
+
+    The Delta table is the task's outlet: unless ``outlets`` is given, it is derived from the
+    config's ``target`` when ``config_path`` and ``overrides`` hold no templates. Give
+    ``outlets=[AssetAlias("...")]`` when the target is templated: the asset actually written is
+    attached to the alias at run time. Every outlet's event carries a summary of the run.
+
+    Example::
+
+        drain = JetStreamToDeltaOperator(
+            task_id="drain_orders",
+            config_path="/opt/etl/conf/orders.yaml",
+            overrides={"run.max_seconds": "20m"},
+            nats_conn_id="nats_orders",
+            retries=3,
+        )
+        # drain.output -> {"messages_written": 1200, "delta_versions": [7], ...}
+    """
+
+    template_fields: Sequence[str] = ("config_path", "overrides", "job_args", "env_vars", "conf")
+    template_fields_renderers: ClassVar[dict[str, str]] = {
+        "overrides": "json", "job_args": "json", "env_vars": "json", "conf": "json"}
+    ui_color = "#c9e4f6"
+
+    def __init__(
+        self,
+        *,
+        config_path: str | os.PathLike[str],
+        overrides: Mapping[str, Any] | Sequence[str] | None = None,
+        job: Job = "drain",
+        job_args: Sequence[str] | None = None,
+        nats_conn_id: str = JetStreamHook.default_conn_name,
+        spark_conn_id: str = "spark_default",
+        master: str | None = None,
+        conf: Mapping[str, Any] | None = None,
+        jars: str | Sequence[str] | None = None,
+        spark_binary: str | None = None,
+        env_vars: Mapping[str, str] | None = None,
+        application: str | None = None,
+        spark_submit_kwargs: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if job not in JOB_SCRIPTS:
+            raise ValueError(f"job must be one of {', '.join(map(repr, get_args(Job)))}, "
+                             f"got {job!r}")
+        if "outlets" not in kwargs:
+            kwargs["outlets"] = _static_outlets(config_path, overrides)
+        super().__init__(**kwargs)
+        self.config_path = os.fspath(config_path)
+        self.overrides = overrides
+        self.job = job
+        self.job_args = job_args
+        self.nats_conn_id = nats_conn_id
+        self.spark_conn_id = spark_conn_id
+        self.master = master
+        self.conf = conf
+        self.jars = jars
+        self.spark_binary = spark_binary
+        self.env_vars = env_vars
+        self.application = application
+        self.spark_submit_kwargs = dict(spark_submit_kwargs or {})
+        self._hook: _JobSubmitHook | None = None
+
+    # -- execute --------------------------------------------------------------------------------
+    def execute(self, context: Context) -> dict[str, Any]:
+        overrides = override_list(self.overrides)
+        user_env = {str(k): str(v) for k, v in (self.env_vars or {}).items()}
+        try:
+            job_env = JetStreamHook(self.nats_conn_id).job_environment()
+        except JsEtlError as e:  # a connection that can never work: do not retry
+            raise AirflowFailException(str(e)) from None
+        config_path = os.path.abspath(self.config_path)
+        # The job would refuse a bad config too, but only after Spark started: check it here
+        # with exactly the environment the job will see.
+        config = self._load_config(config_path, overrides, {**os.environ, **job_env, **user_env})
+        application = self._application()
+        report_dir = tempfile.mkdtemp(prefix="js-etl-report-")
+        report_file = os.path.join(report_dir, "report.json")
+        args = self._job_arguments(config_path, overrides, report_file)
+        ti = context["ti"]
+        name = f"js-etl-{self.job}-{ti.dag_id}.{ti.task_id}"
+        hook = self._submit_hook(args, job_env, user_env, name=name)
+        self._hook = hook
+        try:
+            try:
+                hook.submit(application)
+            except AirflowException as e:
+                raise self._failure(hook, e) from e
+            report = _read_report(report_file, hook.report_line)
+        finally:
+            self._hook = None
+            _remove(report_file, report_dir)
+        self.log.info("js-etl %s: %s messages (%s dead letters) in %s round(s) into %s; "
+                      "pending after: %s", self.job, report.get("messages_written"),
+                      report.get("dead_letters"), report.get("rounds"), report.get("target"),
+                      report.get("pending_after"))
+        self._record_asset_events(context, config, report)
+        return report
+
+    def _job_arguments(self, config_path: str, overrides: Sequence[str],
+                       report_file: str) -> list[str]:
+        """``--config FILE [--set K=V ...] --report-file PATH`` then ``job_args`` (e.g. a
+        backfill's ``--from-seq N``). Secrets are never among them: the config refuses them."""
+        args = ["--config", config_path]
+        for item in overrides:
+            args += ["--set", item]
+        return [*args, "--report-file", report_file, *(str(a) for a in self.job_args or [])]
+
+    def _submit_hook(self, args: list[str], job_env: Mapping[str, str],
+                     user_env: Mapping[str, str], *, name: str) -> _JobSubmitHook:
+        hook = _JobSubmitHook(
+            process_env=job_env,
+            master=self.master,
+            conn_id=self.spark_conn_id,
+            conf=dict(self.conf or {}),
+            jars=self._jars(),
+            name=name,
+            application_args=args,
+            env_vars=dict(user_env) or None,
+            spark_binary=self.spark_binary or default_spark_binary(),
+            **self.spark_submit_kwargs,
+        )
+        if hook.master.startswith("local") and "PYSPARK_PYTHON" not in {**os.environ, **user_env}:
+            # Driver and workers run this interpreter, which has js_etl (facts: case E).
+            hook._process_env["PYSPARK_PYTHON"] = sys.executable
+        return hook
+
+    def on_kill(self) -> None:
+        if self._hook is not None:
+            self._hook.on_kill()
+
+    # -- helpers -------------------------------------------------------------------------------
+    @staticmethod
+    def _load_config(path: str, overrides: list[str], environ: Mapping[str, str]) -> JobConfig:
+        try:
+            return load_config(path, overrides, environ=environ)
+        except JsEtlError as e:
+            raise AirflowFailException(f"js-etl: {type(e).__name__}: {e}") from None
+
+    def _application(self) -> str:
+        application = self.application or str(JOBS_DIR / JOB_SCRIPTS[self.job])
+        if not Path(application).is_file():
+            raise AirflowFailException(
+                f"job script {application} not found: the {self.job!r} job lives in the js-etl "
+                "repository's jobs/ folder; pass application= with its path on this worker")
+        return application
+
+    def _jars(self) -> str | None:
+        if self.jars is None:
+            from js_etl.spark.jars import delta_jars
+
+            try:
+                return ",".join(delta_jars())
+            except JsEtlError as e:
+                raise AirflowFailException(str(e)) from None
+        if isinstance(self.jars, str):
+            return self.jars or None
+        return ",".join(self.jars) or None
+
+    def _failure(self, hook: _JobSubmitHook, error: AirflowException) -> AirflowException:
+        code = hook.returncode
+        if hook.job_reason is None:
+            return AirflowException(
+                f"spark-submit exited with code {code} before the js-etl job gave a reason "
+                f"(see the spark-submit output above): {error}")
+        meaning = EXIT_MEANINGS.get(code or 1, "unexpected")
+        self.log.error("js-etl %s failed with exit code %s (%s)", self.job, code, meaning)
+        if code == 2:
+            return AirflowFailException(hook.job_reason)
+        return AirflowException(hook.job_reason)
+
+    def _record_asset_events(self, context: Context, config: JobConfig,
+                             report: Mapping[str, Any]) -> None:
+        written = target_asset(config.target)
+        summary = {k: report[k] for k in ("run_id", "messages_written", "dead_letters",
+                                          "delta_versions", "first_seq", "last_seq")
+                   if k in report}
+        events = context["outlet_events"]
+        for outlet in self.outlets:
+            if isinstance(outlet, AssetAlias):
+                events[outlet].add(written, extra=summary)
+            elif isinstance(outlet, Asset):
+                events[outlet].extra.update(summary)
+                if outlet.uri != written.uri:
+                    self.log.warning("the job wrote %s but the task's outlet is %s", written.uri,
+                                     outlet.uri)
+
+
+def _static_outlets(config_path: Any, overrides: Any) -> list[Asset]:
+    """The target table's Asset when it is known at parse time (no templates)."""
+    if _is_dynamic(config_path) or _is_dynamic(overrides):
+        return []
+    try:
+        config = load_config(config_path, override_list(overrides))
+    except JsEtlError as e:
+        raise ValueError(f"{os.fspath(config_path)}: {e} (pass outlets=... to skip deriving "
+                         "the Delta table's asset from the config)") from None
+    return [target_asset(config.target)]
+
+
+def _read_report(report_file: str, report_line: str | None) -> dict[str, Any]:
+    try:
+        with open(report_file, encoding="utf-8") as f:
+            return dict(json.load(f))
+    except FileNotFoundError:
+        if report_line:  # e.g. a driver that could not write the file: the line is the same
+            return dict(json.loads(report_line))
+    except (OSError, ValueError) as e:
+        raise AirflowException(f"cannot read the job's run report {report_file}: {e}") from e
+    raise AirflowException("the job exited 0 but left no run report (neither the report file "
+                           "nor a report line in its output); refusing to call that a success")
+
+
+def _remove(report_file: str, report_dir: str) -> None:
+    for remove, path in ((os.unlink, report_file), (os.rmdir, report_dir)):
+        with contextlib.suppress(OSError):
+            remove(path)

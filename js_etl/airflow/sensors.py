@@ -1,0 +1,123 @@
+"""Wait until a durable consumer has a backlog worth draining."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from js_etl.airflow.hooks import JetStreamHook
+from js_etl.airflow.triggers import ERROR, SUCCESS, JetStreamBacklogTrigger, error_payload
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+def _fail(payload: Mapping[str, Any]) -> AirflowException:
+    message = f"{payload['stream']}/{payload['consumer']}: {payload['message']}"
+    return AirflowException(message) if payload.get("retryable") else AirflowFailException(message)
+
+
+class JetStreamBacklogSensor(BaseSensorOperator):
+    """Succeeds once the consumer's ``num_pending >= min_pending``; returns that count (XCom).
+
+    Deferrable by default: after one immediate check it hands the wait to
+    :class:`~js_etl.airflow.triggers.JetStreamBacklogTrigger` in the triggerer. With
+    ``deferrable=False`` it pokes every ``poll_interval`` seconds like any sensor.
+
+    Errors are never a quiet "nothing pending": a missing stream or consumer and refused
+    credentials fail the task without retries; an unreachable server fails the attempt (retried
+    as configured). Note that Airflow's ``soft_fail=True`` turns *every* failure of a sensor,
+    errors included, into a skip; prefer a ``timeout`` and let errors fail.
+
+    :param stream: stream name (templated).
+    :param consumer: durable consumer name (templated).
+    :param min_pending: backlog that ends the wait, >= 1 (default 1: any message; templated).
+    :param poll_interval: seconds between checks (also the sensor's ``poke_interval``).
+    :param nats_conn_id: the ``nats`` connection.
+
+    Example::
+
+        wait = JetStreamBacklogSensor(task_id="wait_for_orders", stream="ORDERS",
+                                      consumer="orders_to_delta", min_pending=1000,
+                                      poll_interval=30, timeout=6 * 3600)
+        wait >> JetStreamToDeltaOperator(task_id="drain", config_path=...)
+    """
+
+    template_fields: Sequence[str] = ("stream", "consumer", "min_pending")
+    ui_color = "#e8f1d4"
+
+    def __init__(self, *, stream: str, consumer: str, min_pending: int | str = 1,
+                 poll_interval: float | timedelta = 5.0,
+                 nats_conn_id: str = JetStreamHook.default_conn_name, deferrable: bool = True,
+                 **kwargs: Any) -> None:
+        if isinstance(poll_interval, timedelta):
+            poll_interval = poll_interval.total_seconds()
+        if isinstance(poll_interval, bool) or not poll_interval > 0:
+            raise ValueError(f"poll_interval must be a positive number of seconds, "
+                             f"got {poll_interval!r}")
+        kwargs.setdefault("poke_interval", poll_interval)
+        super().__init__(**kwargs)
+        self.stream = stream
+        self.consumer = consumer
+        self.min_pending = min_pending
+        if isinstance(min_pending, int):
+            self._threshold()  # refuse a bad literal at parse time; templates are checked later
+        self.poll_interval = float(poll_interval)
+        self.nats_conn_id = nats_conn_id
+        self.deferrable = deferrable
+
+    def _threshold(self) -> int:
+        value = self.min_pending
+        try:
+            threshold = int(value)
+        except (TypeError, ValueError):
+            threshold = 0
+        if isinstance(value, bool) or threshold < 1 or str(threshold) != str(value).strip():
+            raise ValueError(f"min_pending must be an integer >= 1 (1 = any message pending), "
+                             f"got {value!r}")
+        return threshold
+
+    def _pending(self) -> int:
+        try:
+            return JetStreamHook(self.nats_conn_id).consumer_info(self.stream,
+                                                                  self.consumer).num_pending
+        except Exception as e:
+            raise _fail(error_payload(e, stream=self.stream, consumer=self.consumer)) from e
+
+    def poke(self, context: Context) -> PokeReturnValue:
+        pending = self._pending()
+        threshold = self._threshold()
+        self.log.info("%s/%s: %d pending (waiting for %d)", self.stream, self.consumer, pending,
+                      threshold)
+        return PokeReturnValue(is_done=pending >= threshold, xcom_value=pending)
+
+    def execute(self, context: Context) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        threshold = self._threshold()
+        pending = self._pending()  # one cheap check first: errors and a ready backlog need no wait
+        if pending >= threshold:
+            self.log.info("%s/%s: %d pending, no need to wait", self.stream, self.consumer,
+                          pending)
+            return pending
+        self.log.info("%s/%s: %d pending, deferring until %d", self.stream, self.consumer,
+                      pending, threshold)
+        self.defer(
+            trigger=JetStreamBacklogTrigger(
+                nats_conn_id=self.nats_conn_id, stream=self.stream, consumer=self.consumer,
+                min_pending=threshold, poll_interval=self.poll_interval),
+            method_name="execute_complete",
+            timeout=timedelta(seconds=self.timeout),
+        )
+
+    def execute_complete(self, context: Context, event: Mapping[str, Any]) -> int:
+        if event.get("status") == SUCCESS:
+            self.log.info("%s/%s: %d pending", self.stream, self.consumer, event["num_pending"])
+            return int(event["num_pending"])
+        if event.get("status") == ERROR:
+            raise _fail(event)
+        raise AirflowException(f"unexpected event from JetStreamBacklogTrigger: {event!r}")

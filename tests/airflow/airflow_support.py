@@ -1,0 +1,89 @@
+"""Helpers of the Airflow tests: connections as env JSON, DAG files for dag.test(), results.
+
+Imported after ``conftest.py`` has pointed Airflow at its private home (it never imports
+``airflow`` at module level itself).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+from pathlib import Path
+from typing import Any
+
+DAGS_FOLDER = Path(os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
+TOKEN = "tok-9f3c1e7a-not-in-any-log"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def set_connection(conn_id: str, **fields: Any) -> None:
+    """Define an Airflow connection the way users do in containers: AIRFLOW_CONN_<ID> JSON."""
+    os.environ[f"AIRFLOW_CONN_{conn_id.upper()}"] = json.dumps(fields)
+
+
+def write_dag(dag_id: str, body: str) -> Path:
+    """Write a DAG file into the dags folder (dag.test() needs the DAG serialized from a file
+    of its bundle) and return its path. ``body`` is dedented and appended to common imports."""
+    path = DAGS_FOLDER / f"{dag_id}.py"
+    header = textwrap.dedent(f'''
+        from __future__ import annotations
+
+        import json
+        from datetime import datetime, timezone
+        from pathlib import Path
+
+        from airflow.sdk import DAG
+
+        from js_etl.airflow import (JetStreamBacklogSensor, JetStreamToDeltaOperator,
+                                    delta_asset)
+
+        DAG_ID = {dag_id!r}
+        FAILURES = Path({str(DAGS_FOLDER)!r}) / (DAG_ID + ".failures.jsonl")
+
+
+        def record_failure(context):
+            """Keep each task's failure (type and message) where the test can read it."""
+            error = context["exception"]
+            with FAILURES.open("a") as f:
+                f.write(json.dumps({{"task_id": context["ti"].task_id,
+                                    "type": type(error).__name__,
+                                    "message": str(error)}}) + "\\n")
+        ''')
+    path.write_text(header + textwrap.dedent(body))
+    return path
+
+
+def load_dag(path: Path) -> Any:
+    """The one DAG of a file, parsed the way the scheduler parses it."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=path)
+    assert bag.import_errors == {}, bag.import_errors
+    (dag,) = bag.dags.values()
+    return dag
+
+
+def failures(dag_id: str) -> dict[str, dict[str, str]]:
+    path = DAGS_FOLDER / f"{dag_id}.failures.jsonl"
+    if not path.exists():
+        return {}
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {row["task_id"]: row for row in rows}
+
+
+def task_states(dag_run: Any) -> dict[str, str]:
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        return {ti.task_id: str(ti.state) for ti in dag_run.get_task_instances(session=session)}
+
+
+def xcom(dag_run: Any, task_id: str, key: str = "return_value") -> Any:
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        row = session.scalars(XComModel.get_many(run_id=dag_run.run_id, dag_ids=dag_run.dag_id,
+                                                 task_ids=task_id, key=key)).first()
+        return None if row is None else XComModel.deserialize_value(row)

@@ -1,0 +1,90 @@
+"""Real Airflow for the Airflow tests: a private AIRFLOW_HOME with SQLite, migrated once.
+
+Airflow reads its configuration when it is first imported, so the environment is set here, at
+conftest import, before any test module of this folder imports ``airflow``. The NATS server
+of these tests requires a token, so every test that connects also proves the secret travels
+from the Airflow connection to where it is used (hook, trigger, spark-submit child).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+if "airflow" in sys.modules:  # pragma: no cover - a guard for whoever reorders imports
+    raise RuntimeError("airflow was imported before tests/airflow/conftest.py set AIRFLOW_HOME")
+
+AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="js-etl-airflow-"))
+DAGS_FOLDER = AIRFLOW_HOME / "dags"
+DAGS_FOLDER.mkdir()
+atexit.register(shutil.rmtree, AIRFLOW_HOME, True)
+os.environ.update({
+    "AIRFLOW_HOME": str(AIRFLOW_HOME),
+    "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS_FOLDER),
+    "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{AIRFLOW_HOME / 'airflow.db'}",
+    "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+    "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"}),
+})
+
+from airflow_support import TOKEN, set_connection  # noqa: E402
+
+from js_etl.jetstream import ConnectionOptions, JetStreamSession, Secret  # noqa: E402
+from js_etl.jetstream.server import LocalNatsServer, free_port  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def airflow_db() -> Iterator[Path]:
+    """``airflow db migrate`` once (about 3 s); the home folder is removed at exit."""
+    started = time.monotonic()
+    result = subprocess.run([str(Path(sys.executable).with_name("airflow")), "db", "migrate"],
+                            check=False, capture_output=True, text=True, timeout=180,
+                            env=os.environ.copy())
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    print(f"\nairflow db migrate: {time.monotonic() - started:.1f}s")
+    import airflow  # noqa: F401 - configures logging: root at INFO, on the stream of the moment
+
+    # py4j logs "Closing down clientserver connection" at INFO from __del__ at interpreter
+    # exit, when that stream (pytest's capture) is long closed: keep it at its usual level.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    yield AIRFLOW_HOME
+
+
+@pytest.fixture(scope="session")
+def token_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalNatsServer]:
+    """A real nats-server -js that only accepts TOKEN; connections ``nats_test`` (right token),
+    ``nats_bad_token`` and ``nats_closed`` (a port nobody listens on) point at it."""
+    server = LocalNatsServer(tmp_path_factory.mktemp("nats-token"),
+                             config_text=f'authorization {{ token: "{TOKEN}" }}\n')
+    server.start()
+    extra = {"connect_timeout": 2, "name": "airflow-tests"}
+    set_connection("nats_test", conn_type="nats", host="127.0.0.1", port=server.port,
+                   extra={**extra, "token": TOKEN})
+    set_connection("nats_bad_token", conn_type="nats", host="127.0.0.1", port=server.port,
+                   extra={**extra, "token": "not-the-token"})
+    set_connection("nats_closed", conn_type="nats", host="127.0.0.1", port=free_port(),
+                   extra={"connect_timeout": 1})
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def tjs(token_server: LocalNatsServer) -> Iterator[JetStreamSession]:
+    """A JetStream session on the token server, for setting up streams and publishing."""
+    options = ConnectionOptions(servers=(token_server.url,), token=Secret(TOKEN),
+                                connect_timeout=2)
+    with JetStreamSession(options) as session:
+        yield session

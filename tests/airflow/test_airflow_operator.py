@@ -1,0 +1,222 @@
+"""JetStreamToDeltaOperator: construction rules, the spark-submit command it builds, and real DAG
+runs (dag.test()) that drain a real stream through spark-submit into a real Delta table."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from airflow_support import (
+    DAGS_FOLDER,
+    REPO,
+    TOKEN,
+    failures,
+    load_dag,
+    task_states,
+    write_dag,
+    xcom,
+)
+
+from js_etl.jetstream.publish import publish, wait_for_messages
+
+# dag.test() runs tasks through Airflow's in-process execution API, whose FastAPI TestClient
+# import warns about starlette/httpx: Airflow's own dependency, nothing these tests can change.
+pytestmark = pytest.mark.filterwarnings("ignore::starlette.exceptions.StarletteDeprecationWarning")
+
+
+def write_config(tmp_path: Path, names, table: Path) -> Path:
+    config = tmp_path / "job.yaml"
+    config.write_text(
+        f"source: {{stream: {names.stream}, consumer: {names.consumer}, create_consumer: true}}\n"
+        "fetch: {partitions: 2, batch: 100, pull_timeout: 2}\n"
+        f"target: {{path: '{table}'}}\n"
+        # Spark's 200 shuffle and Delta's 50 snapshot partitions cost seconds on tiny tables.
+        "spark: {conf: {spark.sql.shuffle.partitions: 2,"
+        " spark.databricks.delta.snapshotPartitions: 2}}\n")
+    return config
+
+
+def test_operator_checks_its_modes_and_derives_the_table_asset(tmp_path, names):
+    from airflow.sdk import AssetAlias
+
+    from js_etl.airflow import JetStreamToDeltaOperator, delta_asset
+
+    config = write_config(tmp_path, names, tmp_path / "table")
+    with pytest.raises(ValueError, match="job must be one of 'drain', 'backfill', got 'drian'"):
+        JetStreamToDeltaOperator(task_id="t", config_path=config, job="drian")
+
+    op = JetStreamToDeltaOperator(task_id="t", config_path=config)
+    assert op.outlets == [delta_asset(tmp_path / "table")]
+    assert op.outlets[0].uri == f"file://{tmp_path / 'table'}"
+    moved = JetStreamToDeltaOperator(task_id="t", config_path=config,
+                                     overrides={"target.path": str(tmp_path / "other")})
+    assert moved.outlets == [delta_asset(tmp_path / "other")]
+    templated = JetStreamToDeltaOperator(task_id="t", config_path=config,
+                                         overrides={"target.path": "{{ params.target }}"})
+    assert templated.outlets == []  # only known at run time: use an AssetAlias
+    alias = JetStreamToDeltaOperator(task_id="t", config_path=config,
+                                     overrides=["target.path={{ params.target }}"],
+                                     outlets=[AssetAlias("tables")])
+    assert alias.outlets == [AssetAlias("tables")]
+    assert {"config_path", "overrides", "job_args"} <= set(JetStreamToDeltaOperator.template_fields)
+    with pytest.raises(ValueError, match="fetch.batch"):
+        JetStreamToDeltaOperator(task_id="t", config_path=config, overrides={"fetch.batch": -3})
+
+
+def test_backfill_runs_its_own_script_with_the_range_flags_last(tmp_path, names):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from js_etl.airflow import JetStreamToDeltaOperator
+
+    config = write_config(tmp_path, names, tmp_path / "table")
+    op = JetStreamToDeltaOperator(task_id="t", config_path=config, job="backfill",
+                                  overrides={"run.max_messages": 10, "fetch.batch": 50},
+                                  job_args=["--from-seq", 5, "--to-seq", "9"])
+    assert op._job_arguments(str(config), ["run.max_messages=10", "fetch.batch=50"], "/r.json") == [
+        "--config", str(config), "--set", "run.max_messages=10", "--set", "fetch.batch=50",
+        "--report-file", "/r.json", "--from-seq", "5", "--to-seq", "9"]
+    script = Path(op._application()) if (REPO / "jobs" / "backfill_to_delta.py").exists() else None
+    if script is not None:
+        assert script == REPO / "jobs" / "backfill_to_delta.py"
+    elsewhere = JetStreamToDeltaOperator(task_id="t", config_path=config, job="backfill",
+                                         application=str(tmp_path / "missing.py"))
+    with pytest.raises(AirflowFailException, match="missing.py not found: the 'backfill' job"):
+        elsewhere._application()
+
+
+@pytest.mark.parametrize("master", ["local[2]", "yarn"])
+def test_secrets_reach_spark_submit_by_environment_never_on_the_command_line(token_server,
+                                                                            tmp_path, names,
+                                                                            master):
+    from js_etl.airflow import JetStreamHook, JetStreamToDeltaOperator
+
+    config = write_config(tmp_path, names, tmp_path / "table")
+    op = JetStreamToDeltaOperator(task_id="t", config_path=config, nats_conn_id="nats_test",
+                                  master=master, env_vars={"EXTRA": "1"}, jars=["/a.jar"])
+    job_env = JetStreamHook("nats_test").job_environment()
+    hook = op._submit_hook(["--config", str(config)], job_env, {"EXTRA": "1"}, name="n")
+    command = hook._build_spark_submit_command("jobs/drain_to_delta.py")
+
+    assert command[:3] == [str(Path(sys.executable).with_name("spark-submit")), "--master",
+                           master]
+    assert "--jars" in command and "/a.jar" in command
+    assert not any(TOKEN in part for part in command)
+    assert not any("JS_ETL" in part for part in command)
+    assert hook._env["JS_ETL_NATS_TOKEN"] == TOKEN  # Popen's environment of spark-submit
+    assert hook._env["JS_ETL__NATS__TOKEN_ENV"] == "JS_ETL_NATS_TOKEN"
+    assert hook._env["EXTRA"] == "1"
+    if master == "yarn":  # the provider's own env_vars path; ours never takes it
+        assert "spark.yarn.appMasterEnv.EXTRA=1" in command
+        assert "PYSPARK_PYTHON" not in hook._env
+    else:
+        assert hook._env["PYSPARK_PYTHON"] == sys.executable
+
+
+def test_dag_drains_a_real_stream_into_delta_and_returns_the_report(tjs, names, tmp_path,
+                                                                    spark, capfd):
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+
+    tjs.run(tjs.admin.add_stream(names.stream, [names.subject]))
+    published = [(f"{names.prefix}.e", f'{{"id": {i}}}'.encode()) for i in range(1, 251)]
+    tjs.run(publish(tjs.conn, published))
+    tjs.run(wait_for_messages(tjs.conn, names.stream, len(published)))
+    table = tmp_path / "table"
+    config = write_config(tmp_path, names, table)
+    dag_id = f"drain_{names.stream}"
+    dag = load_dag(write_dag(dag_id, f"""
+        with DAG(DAG_ID, schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
+                 catchup=False, max_active_runs=1) as dag:
+            JetStreamToDeltaOperator(task_id="drain", config_path={str(config)!r},
+                                     overrides={{"run.max_seconds": "2m"}},
+                                     nats_conn_id="nats_test",
+                                     on_failure_callback=record_failure)
+        """))
+
+    started = time.monotonic()
+    dag_run = dag.test()
+    seconds = time.monotonic() - started
+    with capfd.disabled():
+        print(f"\ndag.test() end to end (spark-submit drain of {len(published)} messages): "
+              f"{seconds:.1f}s")
+
+    assert task_states(dag_run) == {"drain": "success"}, failures(dag_id)
+    report = xcom(dag_run, "drain")
+    assert report["messages_written"] == len(published)
+    assert (report["first_seq"], report["last_seq"], report["dead_letters"]) == (1, 250, 0)
+    assert report["target"] == str(table) and report["pending_after"] == 0
+    rows = spark.read.format("delta").load(str(table)).select("seq", "data").orderBy("seq")
+    assert [(r.seq, bytes(r.data)) for r in rows.collect()] == [
+        (i, data) for i, (_, data) in enumerate(published, start=1)]
+
+    with create_session() as session:
+        events = session.query(AssetEvent).join(AssetEvent.asset).filter(
+            AssetModel.uri == f"file://{table}").all()
+        assert [e.extra.get("messages_written") for e in events] == [250]
+        assert events[0].extra["delta_versions"] == report["delta_versions"]
+    assert TOKEN not in capfd.readouterr().out  # neither logged nor echoed by spark-submit
+
+
+def test_failed_job_fails_the_task_with_the_jobs_own_reason(names, tmp_path, token_server):
+    config = write_config(tmp_path, names, tmp_path / "table")
+    dag_id = f"drain_fails_{names.stream}"
+    dag = load_dag(write_dag(dag_id, f"""
+        with DAG(DAG_ID, schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
+                 catchup=False, default_args={{"on_failure_callback": record_failure}}) as dag:
+            JetStreamToDeltaOperator(task_id="unreachable", config_path={str(config)!r},
+                                     nats_conn_id="nats_closed")
+            JetStreamToDeltaOperator(task_id="bad_config", config_path={str(config)!r},
+                                     overrides=["{{{{ 'fetch.batch=-3' }}}}"],
+                                     nats_conn_id="nats_test", outlets=[])
+        """))
+    dag_run = dag.test()
+
+    assert task_states(dag_run) == {"unreachable": "failed", "bad_config": "failed"}
+    failed = failures(dag_id)
+    # The job ran (spark-submit), could not reach NATS, and said so: exit 75 is transient, so
+    # the task fails with a plain AirflowException that Airflow's retries apply to.
+    assert failed["unreachable"]["type"] == "AirflowException"
+    assert failed["unreachable"]["message"].startswith(
+        "js-etl: NatsUnavailableError: cannot connect to NATS at nats://127.0.0.1:")
+    # A config error is terminal and found before Spark starts: no retries.
+    assert failed["bad_config"]["type"] == "AirflowFailException"
+    assert "fetch.batch: expected a positive integer, got -3" in failed["bad_config"]["message"]
+    assert xcom(dag_run, "unreachable") is None
+
+
+def test_example_backfill_dag_backfills_a_range_and_names_the_table_it_wrote(
+        tjs, names, tmp_path, spark, monkeypatch):
+    """The real dags/backfill_to_delta.py (copied into the test bundle), triggered with params."""
+    from airflow.models.asset import AssetEvent
+    from airflow.utils.session import create_session
+
+    from js_etl.airflow import delta_asset
+
+    tjs.run(tjs.admin.add_stream(names.stream, [names.subject]))
+    tjs.run(publish(tjs.conn, [(f"{names.prefix}.e", b"%d" % i) for i in range(1, 61)]))
+    tjs.run(wait_for_messages(tjs.conn, names.stream, 60))
+    monkeypatch.setenv("JS_ETL_DAG_CONFIG", str(write_config(tmp_path, names, tmp_path / "t")))
+    example = REPO / "dags" / "backfill_to_delta.py"
+    copy = DAGS_FOLDER / "example_backfill_to_delta.py"
+    # Its NATS connection is nats_default: here, the token server's.
+    source = example.read_text().replace('nats_conn_id="nats_default"', 'nats_conn_id="nats_test"')
+    assert source.count('nats_conn_id="nats_test"') == 1
+    copy.write_text(source)
+    dag = load_dag(copy)
+    backfill_table = tmp_path / "backfill"
+
+    dag_run = dag.test(run_conf={"from_seq": 11, "to_seq": 40,
+                                 "target_path": str(backfill_table)})
+
+    assert task_states(dag_run) == {"backfill_plan": "success", "backfill": "success"}
+    assert xcom(dag_run, "backfill_plan", "job_args") == ["--from-seq", "11", "--to-seq", "40"]
+    report = xcom(dag_run, "backfill")
+    assert report["messages_written"] == 30
+    rows = spark.read.format("delta").load(str(backfill_table)).select("seq").orderBy("seq")
+    assert [r.seq for r in rows.collect()] == list(range(11, 41))
+    with create_session() as session:  # the alias resolved to the table actually written
+        events = session.query(AssetEvent).join(AssetEvent.asset).filter_by(
+            uri=delta_asset(backfill_table).uri).all()
+        assert [e.extra.get("messages_written") for e in events] == [30]
