@@ -2,6 +2,9 @@
 
     js-etl drain  --config FILE [--set KEY=VALUE ...] [--report-file PATH]
     js-etl status --config FILE [--set KEY=VALUE ...]
+    js-etl backfill --config FILE (--from-seq N | --from-time T) [--to-seq M | --to-time U]
+                  [--set KEY=VALUE ...] [--report-file PATH]
+    js-etl rewind --config FILE --to-seq N [--yes]
     js-etl demo   [--messages N] [--keep]
     js-etl jars                  (Delta's jars, comma-separated, for spark-submit --jars)
 
@@ -48,6 +51,27 @@ def _parser() -> argparse.ArgumentParser:
     status = commands.add_parser("status", help="show stream and consumer state")
     with_config(status)
 
+    backfill = commands.add_parser(
+        "backfill", help="re-read a range of the stream into the Delta table (ephemeral "
+        "consumers; the durable consumer is not touched; rows already there are skipped)")
+    with_config(backfill)
+    start = backfill.add_mutually_exclusive_group(required=True)
+    start.add_argument("--from-seq", type=_sequence, metavar="N", help="first stream sequence")
+    start.add_argument("--from-time", metavar="T",
+                       help="first message stored at or after T (RFC 3339; no zone = UTC)")
+    end = backfill.add_mutually_exclusive_group()
+    end.add_argument("--to-seq", type=_sequence, metavar="M",
+                     help="last stream sequence (default: the stream's last at start)")
+    end.add_argument("--to-time", metavar="U", help="last message stored at or before U")
+    backfill.add_argument("--report-file", help="also write the JSON run report here")
+
+    rewind = commands.add_parser(
+        "rewind", help="move the durable consumer so its next delivery is --to-seq (asks first)")
+    with_config(rewind)
+    rewind.add_argument("--to-seq", type=_sequence, required=True, metavar="N",
+                        help="stream sequence the consumer delivers next")
+    rewind.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+
     demo = commands.add_parser("demo", help="local nats-server → sample events → Delta, end to end")
     demo.add_argument("--config", default=str(REPO_ROOT / "conf" / "demo.yaml"))
     demo.add_argument("--messages", type=int, default=5000)
@@ -69,6 +93,10 @@ def main(argv: Sequence[str] | None = None, *, spark_submit: bool = False) -> in
                           spark_submit)
         if args.command == "status":
             return _status(load_config(args.config, args.overrides))
+        if args.command == "backfill":
+            return _backfill(args, spark_submit)
+        if args.command == "rewind":
+            return _rewind(load_config(args.config, args.overrides), args.to_seq, args.yes)
         if args.command == "jars":
             from js_etl.spark.jars import delta_jars
 
@@ -139,6 +167,65 @@ def _drain(config: JobConfig, report_file: str | None, spark_submit: bool) -> in
     if report_file:
         Path(report_file).write_text(text + "\n")
     print(text, flush=True)
+    return 0
+
+
+def _sequence(text: str) -> int:
+    """argparse type of a stream sequence."""
+    value = int(text) if text.strip().isdigit() else 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a stream sequence (1 or more), got {text!r}")
+    return value
+
+
+def _backfill(args: argparse.Namespace, spark_submit: bool) -> int:
+    from js_etl.spark.backfill import Backfill, RangeRequest
+    from js_etl.spark.delta import DeltaTarget
+
+    config = load_config(args.config, args.overrides)
+    request = RangeRequest.parse(from_seq=args.from_seq, to_seq=args.to_seq,
+                                 from_time=args.from_time, to_time=args.to_time)
+    # The table this config's drain writes is the same config without `--set target.*`: only a
+    # backfill into that table is clamped to the durable consumer's ack floor (see backfill.py).
+    try:
+        drain = load_config(args.config, [o for o in args.overrides
+                                          if not o.strip().startswith("target.")]).target
+        drain_target: DeltaTarget | None = DeltaTarget(drain.path, drain.table)
+    except JsEtlError:  # no target without the overrides: no drain of this config writes one
+        drain_target = None
+    options = config.nats.connection_options()  # secrets resolved before Spark starts
+    job = Backfill(config, request, options=options, drain_target=drain_target)
+    job.plan()  # NATS only: a range that cannot be backfilled fails here, before Spark starts
+    spark = spark_session(config, spark_submit=spark_submit)
+    report = job.run(spark)
+    text = report.to_json()
+    if args.report_file:
+        Path(args.report_file).write_text(text + "\n")
+    print(text, flush=True)
+    return 0
+
+
+def _rewind(config: JobConfig, to_seq: int, yes: bool) -> int:
+    from js_etl.jetstream import JetStreamSession
+    from js_etl.spark.backfill import ConfirmationRequiredError, plan_rewind, rewind_consumer
+
+    with JetStreamSession(config.nats.connection_options()) as js:
+        plan = plan_rewind(js, config, to_seq)
+        print(plan.describe(), flush=True)
+        if not yes:
+            if sys.stdin is None or not sys.stdin.isatty():
+                raise ConfirmationRequiredError(
+                    "refusing to rewind without confirmation: stdin is not a terminal; re-run "
+                    "with --yes to confirm")
+            answer = input(f"Rewind {plan.stream.name}/{plan.consumer.name} to seq {to_seq}? "
+                           "[y/N] ")
+            if answer.strip().lower() not in ("y", "yes"):
+                print("js-etl: not rewound", file=sys.stderr)
+                return 1
+            plan = plan_rewind(js, config, to_seq)  # a drain may have started meanwhile
+        info = rewind_consumer(js, config, plan)
+    print(f"rewound {info.stream_name}/{info.name}: the next delivery is seq {to_seq} "
+          f"({info.num_pending:,} pending)", flush=True)
     return 0
 
 

@@ -125,3 +125,26 @@ def drain_consumer_problems(config: ConsumerConfig, *, min_ack_wait: float) -> l
     if config.max_ack_pending == 0:
         problems.append("max_ack_pending is 0")
     return problems
+
+
+async def first_message_at_or_after(admin: JetStreamAdmin, stream: str,
+                                    start_time: str) -> tuple[int, str] | None:
+    """``(stream sequence, RFC 3339 time)`` of the first message stored at or after
+    ``start_time`` (RFC 3339, up to nanoseconds), or None when no message is that recent.
+
+    ``$JS.API.STREAM.MSG.GET.<stream>`` with ``{"start_time": …}`` (measured on 2.15.1: the bound
+    is inclusive at nanosecond precision; an earlier time than every message answers the first
+    message still stored; a later one answers 404 err_code 10037 "no message found"). The answer
+    carries the message's payload too, so this is for resolving a few bounds, not for reading.
+    """
+    from js_etl.jetstream.errors import JetStreamError
+
+    try:
+        answer = await admin.conn.request(f"STREAM.MSG.GET.{stream}", {"start_time": start_time},
+                                          admin.timeout)
+    except JetStreamError as e:
+        if e.err_code == 10037:
+            return None
+        raise
+    message = answer.get("message") or {}
+    return int(message["seq"]), str(message.get("time") or "")

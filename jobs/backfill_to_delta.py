@@ -1,0 +1,17 @@
+"""``spark-submit`` entry point of a backfill: the same job, config and flags as
+``js-etl backfill``.
+
+    spark-submit --master local[2] --jars "$(js-etl jars)" jobs/backfill_to_delta.py \
+        --config conf/example.yaml (--from-seq N | --from-time T) [--to-seq M | --to-time U] \
+        [--set KEY=VALUE ...] [--report-file PATH]
+
+The range is checked against the stream before Spark does any work. On a cluster, js_etl must be
+importable on the executors (install the wheel there, or ship it with --py-files).
+"""
+
+import sys
+
+from js_etl.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(["backfill", *sys.argv[1:]], spark_submit=True))
