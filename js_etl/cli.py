@@ -7,6 +7,7 @@
     js-etl rewind --config FILE --to-seq N [--yes]
     js-etl demo   [--messages N] [--keep]
     js-etl jars                  (Delta's jars, comma-separated, for spark-submit --jars)
+    js-etl bench  [--quick] [--messages N,..] [--size B,..] [--memory-check] [--json PATH]
 
 ``jobs/drain_to_delta.py`` runs the same ``drain`` under ``spark-submit``. Exit codes: 0 success,
 2 a terminal error (fix something first), 73 refused (another run holds the consumer), 75 a
@@ -77,6 +78,12 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--messages", type=int, default=5000)
     demo.add_argument("--keep", action="store_true", help="keep .demo/ from earlier demo runs")
     commands.add_parser("jars", help="print Delta's jars for spark-submit --jars")
+
+    from js_etl.bench import add_arguments as add_bench_arguments
+
+    add_bench_arguments(commands.add_parser(
+        "bench", help="measure the drain against the bare pull+ack loop and a simple "
+        "deltalake peer on the same data (local nats-server and Spark)"))
     return parser
 
 
@@ -97,6 +104,10 @@ def main(argv: Sequence[str] | None = None, *, spark_submit: bool = False) -> in
             return _backfill(args, spark_submit)
         if args.command == "rewind":
             return _rewind(load_config(args.config, args.overrides), args.to_seq, args.yes)
+        if args.command == "bench":
+            from js_etl.bench import run_bench
+
+            return run_bench(args)
         if args.command == "jars":
             from js_etl.spark.jars import delta_jars
 

@@ -1,0 +1,175 @@
+"""``js-etl bench``: a smoke run of the real command (no timing assertions — speed is measured by
+the benchmark, never by a test), plus the pure pieces that decide "verified" and the output."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from js_etl.bench import (
+    client_target,
+    format_results,
+    payload,
+    settings_from_args,
+    table_problems,
+)
+from js_etl.bench import main as bench_main
+from js_etl.errors import TerminalError
+
+BIN = Path(sys.executable).parent
+JS_ETL = str(BIN / "js-etl")
+LEGS = {"client_limit", "simple_peer", "js_etl"}
+RATIOS = {"js_etl_vs_client_limit", "js_etl_vs_simple_peer"}
+
+
+def last_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def test_bench_quick_runs_every_leg_verified_and_reports_ratios(tmp_path):
+    out = tmp_path / "bench.json"
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "TZ": "UTC"}
+    proc = subprocess.run([JS_ETL, "bench", "--quick", "--json", str(out),
+                           "--workdir", str(tmp_path / "work")],
+                          capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+    result = json.loads(last_line(proc.stdout))
+    assert json.loads(out.read_text()) == result
+    assert result["ok"] is True and result["failed_legs"] == []
+    assert [(w["messages"], w["size"]) for w in result["workloads"]] == [(20_000, 256),
+                                                                          (5_000, 4096)]
+    for w in result["workloads"]:
+        n = w["messages"]
+        assert w["publish"]["last_seq"] - w["publish"]["first_seq"] + 1 == n
+        assert set(w["legs"]) == LEGS
+        for name, leg in w["legs"].items():
+            assert leg["verified"] is True, (name, leg["problems"])
+            assert leg["problems"] == []
+            assert leg["messages"] == n
+            assert leg["consumer"]["num_pending"] == 0
+            assert leg["consumer"]["num_ack_pending"] == 0
+            assert set(leg["peak_rss_mib"]) >= {"driver", "jvm", "workers", "total"}
+        assert w["legs"]["client_limit"]["processes"] == 2
+        assert w["legs"]["js_etl"]["processes"] == 2
+        for name in ("simple_peer", "js_etl"):
+            counts = w["legs"][name]["table_counts"]
+            assert counts["rows"] == counts["distinct_seq"] == counts["distinct_id"] == n
+        assert w["legs"]["js_etl"]["peak_rss_mib"]["jvm"] > 0
+        assert w["legs"]["js_etl"]["peak_rss_mib"]["driver"] > 0
+        assert set(w["legs"]["js_etl"]["phase_seconds"]) >= {"fetch", "write", "ack"}
+        assert set(w["ratios"]) == RATIOS and set(w["targets"]) == RATIOS
+        for key in RATIOS:
+            assert isinstance(w["ratios"][key], float) and w["ratios"][key] > 0
+    # The human table is printed too, with the client-limit path named.
+    assert "js-etl / client limit" in proc.stdout
+    assert "Puller.pull" in proc.stdout
+
+
+def test_payloads_are_json_of_the_requested_size():
+    pad = b"x" * 4096
+    for size in (256, 4096):
+        body = payload(7, size, pad)
+        assert len(body) == size
+        assert json.loads(body)["id"] == 7
+    assert json.loads(payload(123_456, 10, pad))["kind"] == "order"  # minimum size wins
+
+
+def test_a_table_that_is_not_the_published_set_fails_verification():
+    good = {"rows": 3, "distinct_seq": 3, "min_seq": 1, "max_seq": 3, "distinct_id": 3,
+            "min_id": 0, "max_id": 2}
+    assert table_problems(good, 3, 1, 3) == []
+    duplicated = {**good, "rows": 4}
+    assert table_problems(duplicated, 3, 1, 3) == ["table rows 4 != 3"]
+    missing = {**good, "rows": 2, "distinct_seq": 2, "distinct_id": 2, "max_seq": 2, "max_id": 1}
+    assert len(table_problems(missing, 3, 1, 3)) == 5
+
+
+def _leg(name: str, problems: list[str]) -> dict:
+    return {"leg": name, "processes": 2, "messages": 10, "seconds": 1.0, "msg_per_s": 10,
+            "mb_per_s": 0.0, "verified": not problems, "problems": problems,
+            "peak_rss_mib": {"driver": 1.0, "jvm": 2.0, "workers": 3.0, "total": 6.0},
+            "cpu_seconds": {"ours": 1.0, "box_busy": 2.0}}
+
+
+def test_a_failed_leg_is_printed_as_failed():
+    result = {
+        "machine": {"cpus": 2, "memory_gib": 24, "platform": "p", "python": "3.11",
+                    "versions": {k: "x" for k in ("nats-server", "nats-py", "pyspark",
+                                                  "delta-spark", "deltalake", "pyarrow")}},
+        "workloads": [{
+            "messages": 10, "size": 256, "publish": {"msg_per_s": 1},
+            "legs": {"client_limit": _leg("client_limit", []),
+                     "simple_peer": _leg("simple_peer", []),
+                     "js_etl": _leg("js_etl", ["consumer num_ack_pending 3"])},
+            "ratios": {"js_etl_vs_client_limit": 1.0, "js_etl_vs_simple_peer": 1.0},
+            "targets": {"js_etl_vs_client_limit": 0.6, "js_etl_vs_simple_peer": 1.0}}],
+        "failed_legs": ["10x256:js_etl"], "ok": False}
+    text = format_results(result)
+    assert "FAILED: consumer num_ack_pending 3" in text
+    assert text.rstrip().endswith("FAILED: 10x256:js_etl")
+
+
+def test_workload_arguments_pair_messages_with_sizes(tmp_path):
+    import argparse
+
+    from js_etl.bench import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+
+    def settings(*argv: str):
+        return settings_from_args(parser.parse_args([*argv, "--workdir", str(tmp_path)]))
+
+    assert settings().workloads == [(1_000_000, 256), (200_000, 4096)]
+    assert settings("--quick").workloads == [(20_000, 256), (5_000, 4096)]
+    assert settings("--quick").warmup is False and settings().warmup is True
+    assert settings("--messages", "1000", "--size", "512").workloads == [(1000, 512)]
+    assert settings("--messages", "1000,2000").workloads == [(1000, 256), (2000, 4096)]
+    assert settings("--messages", "1000,2000,3000", "--size", "64").workloads == [
+        (1000, 64), (2000, 64), (3000, 64)]
+    assert settings("--memory-check", "--quick").memory_n == 20_000
+    with pytest.raises(TerminalError):
+        settings("--messages", "1,2,3", "--size", "1,2")
+    assert client_target(256) == 0.6 and client_target(4096) == 0.8
+
+
+def test_bad_arguments_exit_2_with_one_line(capsys):
+    assert bench_main(["--messages", "1,2,3", "--size", "1,2"]) == 2
+    assert "--messages has 3 values" in capsys.readouterr().err
+
+
+def test_repeats_report_the_fastest_verified_run_and_fail_if_any_run_failed():
+    from js_etl.bench import Leg, summarize
+
+    def leg(run: int, seconds: float, problems: list[str]) -> Leg:
+        return Leg("js_etl", 2, 100, seconds, 25_600, problems,
+                   {"cpu_seconds": {"ours": 1.0}}, {"run": run})
+
+    best = summarize([leg(1, 2.0, []), leg(2, 1.0, [])])
+    assert best["verified"] is True and best["msg_per_s"] == 100 and best["run"] == 2
+    assert [r["msg_per_s"] for r in best["runs"]] == [50, 100]
+    failed = summarize([leg(1, 2.0, []), leg(2, 1.0, ["consumer num_pending 3"])])
+    assert failed["verified"] is False and failed["msg_per_s"] == 50
+    assert failed["problems"] == ["run 2: consumer num_pending 3"]
+
+
+def test_the_fallback_reader_counts_a_deltalake_table_in_a_child_process(tmp_path):
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from js_etl.bench import table_counts_deltalake
+
+    table = pa.table({"seq": pa.array([1, 2, 3, 3], pa.int64()),
+                      "id": pa.array([0, 1, 2, 2], pa.int64())})
+    write_deltalake(str(tmp_path / "t"), table, mode="append")  # writes never abort at exit
+    counts = table_counts_deltalake(str(tmp_path / "t"))
+    assert counts == {"rows": 4, "distinct_seq": 3, "min_seq": 1, "max_seq": 3,
+                      "distinct_id": 3, "min_id": 0, "max_id": 2}
+    assert table_problems(counts, 3, 1, 3) == ["table rows 4 != 3"]
