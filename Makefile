@@ -22,5 +22,9 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest
 
+# Full-size benchmark (a few minutes): js-etl against the bare pull+ack loop and a simple peer.
+bench: setup
+	$(BIN)/js-etl bench
+
 clean:
 	rm -rf .demo spark-warehouse metastore_db derby.log .pytest_cache
