@@ -6,7 +6,7 @@ it; an unknown name is refused so a typo cannot silently test nothing.
 * ``kill_after_fetch`` — the driver SIGKILLs itself after the round's fetch is checkpointed;
 * ``kill_after_commit`` — after the round's Delta commits, before any ack;
 * ``kill_mid_ack`` — after acking half of the round's committed rows;
-* ``fail_fetch_task`` — the first attempt of fetch task 0 raises after its first pull
+* ``fail_fetch_task`` — the first attempt of every fetch task raises after its first delivered pull
   (Spark retries it; its messages are never committed nor acked);
 * ``fail_write_task`` — the first attempt of each write task raises mid-write.
 """

@@ -12,6 +12,8 @@ import json
 from collections.abc import Iterable
 
 import nats.errors
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from js_etl.jetstream.client import JetStreamConnection
 from js_etl.jetstream.errors import ConsumerNotFoundError, NatsUnavailableError
@@ -28,6 +30,32 @@ def nak_body(delay: float | None = None) -> bytes:
 
 def term_body(reason: str | None = None) -> bytes:
     return TERM if not reason else TERM + b" " + " ".join(reason.split()).encode()
+
+
+def ack_block(prefix: str, num_delivered: pa.Array, stream_seq: pa.Array, consumer_seq: pa.Array,
+              body: bytes) -> bytes:
+    """The PUB commands that send ``body`` to the ack subject of every delivery, as one block.
+
+    Same subjects as :func:`~js_etl.jetstream.message.ack_subject`, built by Arrow kernels in one
+    pass: a round's acks are hundreds of thousands of subjects, and building them one Python
+    string at a time was a visible part of the ack phase (profiled).
+    """
+    if len(stream_seq) == 0:
+        return b""
+
+    def binary(value: bytes) -> pa.Scalar:
+        return pa.scalar(value, pa.large_binary())  # 64-bit offsets: no 2 GiB ceiling
+
+    tokens = [pc.cast(pc.cast(a, pa.large_string()), pa.large_binary())
+              for a in (num_delivered, stream_seq, consumer_seq)]
+    # "PUB <prefix>.<delivered>.<sseq>.<cseq>.0.0 <len>\r\n<body>\r\n" per delivery.
+    commands = pc.binary_join_element_wise(
+        binary(b"PUB " + prefix.encode()), *tokens, binary(b"0"),
+        binary(b"0 %d\r\n" % len(body) + body + b"\r\n"), binary(b"."))
+    # The commands lie back to back in the array's data buffer: that buffer is the block.
+    _, offsets, data = commands.buffers()
+    first, last = memoryview(offsets).cast("q")[commands.offset::len(commands)][:2]
+    return bytes(memoryview(data)[first:last])
 
 
 class Acker:
@@ -49,11 +77,21 @@ class Acker:
         """
         n = await self.conn.nc.publish_many(replies, body)
         if n:
-            try:
-                await self.conn.nc.flush(self.flush_timeout)
-            except (nats.errors.TimeoutError, nats.errors.ConnectionClosedError) as e:
-                raise NatsUnavailableError(f"acks not confirmed by a flush: {e}") from e
+            await self._flush()
         return n
+
+    async def send_block(self, block: bytes, count: int) -> int:
+        """Like :meth:`send` for PUB commands built in bulk (:func:`ack_block`)."""
+        n = await self.conn.nc.publish_block(block, count)
+        if n:
+            await self._flush()
+        return n
+
+    async def _flush(self) -> None:
+        try:
+            await self.conn.nc.flush(self.flush_timeout)
+        except (nats.errors.TimeoutError, nats.errors.ConnectionClosedError) as e:
+            raise NatsUnavailableError(f"acks not confirmed by a flush: {e}") from e
 
     async def ack(self, replies: Iterable[str]) -> int:
         return await self.send(replies, ACK)

@@ -48,6 +48,16 @@ class _RawClient(nats.aio.client.Client):
         self.stats["in_bytes"] += len(data)
         sink(subject, reply, data, headers)
 
+    async def publish_block(self, block: bytes, count: int) -> int:
+        """Queue ``count`` ready-made PUB commands (``block``) as one write; returns the count."""
+        if not self.is_connected:
+            raise NatsUnavailableError("not connected to NATS: cannot publish acks")
+        if count:
+            await self._send_command(block)
+            await self._flush_pending()
+            self.stats["out_msgs"] += count
+        return count
+
     async def publish_many(self, subjects: Iterable[str], payload: bytes) -> int:
         """Queue one PUB per subject (same payload) as a single write; returns the count."""
         if not self.is_connected:

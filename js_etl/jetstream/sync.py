@@ -55,6 +55,20 @@ class JetStreamSession:
     def pull(self, puller: Puller, batch: int, **kw: Any) -> PullResult:
         return self.run(puller.pull(batch, **kw))
 
+    def start_pull(self, puller: Puller, batch: int, **kw: Any) -> asyncio.Task[PullResult]:
+        """A pull to collect later with ``run(task)``. It is sent the next time this session's
+        loop runs (e.g. while an earlier pull is collected), so the server fills it while the
+        caller works on the previous batch. One pull at a time per ``Puller``."""
+        return self._loop.create_task(puller.pull(batch, **kw))
+
+    def cancel(self, tasks: Iterable[asyncio.Task[Any]]) -> None:
+        """Cancel pulls that will not be collected (their deliveries redeliver after ack_wait)."""
+        pending = [t for t in tasks if not t.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            self.run(asyncio.wait(pending))
+
     def ack(self, replies: Iterable[str]) -> int:
         return self.run(self.acker.ack(replies))
 

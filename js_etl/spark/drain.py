@@ -47,7 +47,7 @@ from js_etl.jetstream import (
     PriorityPolicy,
     ack_subject,
 )
-from js_etl.jetstream.ack import ACK, nak_body, term_body
+from js_etl.jetstream.ack import ACK, ack_block, nak_body, term_body
 from js_etl.jetstream.errors import ConsumerConfigError
 from js_etl.report import RunReport
 from js_etl.spark.decode import decode, json_fields, with_partition_columns
@@ -441,22 +441,23 @@ class Drain:
 
     def _ack(self, js: JetStreamSession, keys: Any, *, dead: bool = False) -> int:
         """+ACK committed table rows; +TERM dead letters with their reason (after commit)."""
-        if keys.num_rows == 0:
-            return 0
-        columns = [keys.column(c).to_pylist() for c in ("num_delivered", "seq", "consumer_seq")]
-        subjects = [ack_subject(self.ack_prefix, d, s, c) for d, s, c in zip(*columns, strict=True)]
+        import pyarrow.compute as pc
+
+        def send(rows: Any, body: bytes) -> None:
+            columns = [rows.column(c).combine_chunks()
+                       for c in ("num_delivered", "seq", "consumer_seq")]
+            js.run(js.acker.send_block(ack_block(self.ack_prefix, *columns, body), rows.num_rows))
+
         if not dead:
-            half = len(subjects) // 2 if self.fault == "kill_mid_ack" else len(subjects)
-            js.run(js.acker.send(subjects[:half], ACK))
+            half = keys.num_rows // 2 if self.fault == "kill_mid_ack" else keys.num_rows
+            send(keys.slice(0, half), ACK)
             faults.kill_here("kill_mid_ack")
-            js.run(js.acker.send(subjects[half:], ACK))
-            return len(subjects)
-        by_reason: dict[str, list[str]] = {}
-        for subject, error in zip(subjects, keys.column("error").to_pylist(), strict=True):
-            by_reason.setdefault(error or "dead letter", []).append(subject)
-        for reason, group in by_reason.items():
-            js.run(js.acker.send(group, term_body(f"js-etl dead letter: {reason}")))
-        return len(subjects)
+            send(keys.slice(half), ACK)
+            return keys.num_rows
+        errors = pc.fill_null(keys.column("error"), "dead letter")
+        for reason in pc.unique(errors).to_pylist():
+            send(keys.filter(pc.equal(errors, reason)), term_body(f"js-etl dead letter: {reason}"))
+        return keys.num_rows
 
     def _budget_spent(self, started: float) -> str | None:
         run, report = self.config.run, self.report
