@@ -50,7 +50,7 @@ from js_etl.jetstream import (
 from js_etl.jetstream.ack import ACK, ack_block, nak_body, term_body
 from js_etl.jetstream.errors import ConsumerConfigError
 from js_etl.report import RunReport
-from js_etl.spark.decode import decode, json_fields, with_partition_columns
+from js_etl.spark.decode import PAYLOAD_BYTES, decode, json_fields, with_partition_columns
 from js_etl.spark.delta import CommitTag, DeltaTarget, committed_keys
 from js_etl.spark.fetch import RAW_DDL, FetchPlan, fetch_partition
 from js_etl.spark.lock import TableLock
@@ -399,7 +399,7 @@ class Drain:
         with self._phase("write"):
             stats = decoded.flagged.agg(
                 F.count("*").alias("n"), F.count("error").alias("dead"),
-                F.coalesce(F.sum(F.length("data")), F.lit(0)).alias("bytes"),
+                F.coalesce(F.sum(PAYLOAD_BYTES), F.lit(0)).alias("bytes"),
                 F.min("seq").alias("first"), F.max("seq").alias("last")).first()
             if not stats["n"]:
                 return False
