@@ -165,7 +165,7 @@ def _require_delta(spark: SparkSession) -> None:
     except TypeError:
         raise TerminalError("Delta classes are not on the driver's classpath: pass Delta's jars "
                             "to spark-submit, e.g. --jars $(js-etl jars) — see README "
-                            "'Running with spark-submit'") from None
+                            "'Running a drain'") from None
 
 
 def _drain(config: JobConfig, report_file: str | None, spark_submit: bool) -> int:

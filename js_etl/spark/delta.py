@@ -87,7 +87,7 @@ class DeltaTarget:
 
     def job_commits(self, spark: SparkSession, job: str, limit: int = 50
                     ) -> list[tuple[int, CommitTag]]:
-        """The newest commits of ``job`` (version, tag), newest first."""
+        """Commits of ``job`` among the table's newest ``limit`` commits, newest first."""
         if not self.exists(spark):
             return []
         rows = self.delta_table(spark).history(limit).select("version", "userMetadata").collect()
@@ -96,7 +96,8 @@ class DeltaTarget:
 
     def commit_of(self, spark: SparkSession, tag: CommitTag) -> int | None:
         """The version that holds this round, or None (nothing was committed for it)."""
-        for version, found in self.job_commits(spark, tag.job, limit=10):
+        # Concurrent writers (a backfill's MERGE) may have committed after this round.
+        for version, found in self.job_commits(spark, tag.job, limit=50):
             if found.round == tag.round:
                 return version
         return None

@@ -62,7 +62,9 @@ log = logging.getLogger("js_etl.drain")
 
 DEFAULT_ACK_WAIT = 300.0  # seconds, for consumers js-etl creates
 DEFAULT_MAX_ACK_PENDING = 100_000  # for consumers js-etl creates: the round size ceiling
-FENCE_ROUNDS = 20  # how many of the job's newest commits the fence looks at
+# How many of a table's newest commits the fence reads for this job's rounds. Other writers'
+# commits (backfills, OPTIMIZE, ...) share the window, hence far more than one run's rounds.
+FENCE_WINDOW = 100
 MAX_RELEASE = 1_000_000  # widest (ack floor, delivered] window the fence NAKs sequence by sequence
 
 
@@ -279,7 +281,7 @@ class Drain:
         committed: set[int] = set()
         floor = info.ack_floor.stream_seq
         for table in (self.target, self.dead_letters):
-            commits = table.job_commits(self.spark, self.config.job_id, limit=FENCE_ROUNDS)
+            commits = table.job_commits(self.spark, self.config.job_id, limit=FENCE_WINDOW)
             if commits:
                 last_round = max(last_round, commits[0][1].round)
             for version, tag in commits:

@@ -57,8 +57,8 @@ def delta_jars(jar_dir: Path | None = None, *, resolve: bool = True) -> list[str
     jar_dir = jar_dir or default_jar_dir()
     if not (jar_dir / _MARKER).exists():
         if not resolve:
-            raise TerminalError(f"Delta jars missing in {jar_dir}: run `make jars` "
-                                "(or python -m js_etl.spark.jars) once with network access")
+            raise TerminalError(f"Delta jars missing in {jar_dir}: run `js-etl jars` "
+                                "(or `make setup`) once with Maven and network access")
         _resolve(jar_dir)
     return sorted(str(p) for p in jar_dir.glob("*.jar"))
 
