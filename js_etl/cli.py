@@ -23,7 +23,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from js_etl.config import JobConfig, load_config
 from js_etl.errors import JsEtlError
@@ -35,8 +35,16 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("js_etl")
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # A usage error ends like every other failure, with one "js-etl: ..." reason line (the
+        # Airflow operator shows it, and exit 2 is not retried).
+        self.print_usage(sys.stderr)
+        self.exit(2, f"js-etl: UsageError: {message}\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="js-etl", description=__doc__.split("\n\n")[0])
+    parser = _Parser(prog="js-etl", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
 
     def with_config(p: argparse.ArgumentParser) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from stream_support import add_stream, publish_and_wait
 
 from js_etl import cli
 from js_etl.config import JobConfig, load_config
@@ -21,7 +22,6 @@ from js_etl.errors import ConfigError, RunRefusedError
 from js_etl.jetstream import ConsumerConfig, DeliverPolicy, JetStreamSession
 from js_etl.jetstream.admin import JetStreamAdmin
 from js_etl.jetstream.errors import NatsUnavailableError, StreamNotFoundError
-from js_etl.jetstream.publish import publish, wait_for_messages
 from js_etl.spark import backfill as backfill_module
 from js_etl.spark.backfill import (
     Backfill,
@@ -52,16 +52,6 @@ def settings(names: Any, nats_server: Any, table: Path, *extra: str) -> list[str
 
 def make_config(names: Any, nats_server: Any, table: Path, *extra: str) -> JobConfig:
     return load_config(None, settings(names, nats_server, table, *extra), environ={})
-
-
-def add_stream(js: JetStreamSession, names: Any) -> None:
-    js.run(js.admin.add_stream(names.stream, [names.subject]))
-
-
-def publish_and_wait(js: JetStreamSession, names: Any, messages: list[Any]) -> None:
-    before = js.stream_info(names.stream).state.last_seq
-    js.run(publish(js.conn, messages))
-    js.run(wait_for_messages(js.conn, names.stream, before + len(messages)))
 
 
 def numbered(names: Any, start: int, stop: int, kind: str = "x") -> list[tuple[str, bytes]]:

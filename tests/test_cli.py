@@ -58,6 +58,11 @@ def test_config_errors_fail_fast_naming_the_key(tmp_path):
     assert typo.returncode == 2
     assert "did you mean 'fetch.batch'" in last_line(typo.stderr)
 
+    # Usage errors end with the same kind of reason line (the Airflow operator shows it).
+    usage = run(JS_ETL, "backfill", "--config", str(bad), "--from-seq", "0")
+    assert usage.returncode == 2
+    assert last_line(usage.stderr).startswith("js-etl: UsageError: argument --from-seq")
+
 
 def test_unreachable_server_is_a_transient_error_with_a_reason(tmp_path):
     from js_etl.jetstream.server import free_port

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 from chispa import assert_df_equality
+from stream_support import add_stream, publish_and_wait
 
 from js_etl.config import JobConfig, load_config
 from js_etl.errors import TransientError
 from js_etl.jetstream import AckPolicy, ConsumerConfig, JetStreamSession
 from js_etl.jetstream.errors import ConsumerConfigError, ConsumerNotFoundError, StreamNotFoundError
-from js_etl.jetstream.publish import publish, wait_for_messages
 from js_etl.spark.drain import run_drain
 
 SCHEMA = "id BIGINT, kind STRING"
@@ -26,16 +26,6 @@ def make_config(names: Any, nats_server: Any, tmp_path: Any, *extra: str) -> Job
         "source.create_consumer=true", f"target.path={tmp_path / 'table'}",
         "fetch.partitions=2", "fetch.batch=100", "fetch.pull_timeout=2", *extra,
     ], environ={})
-
-
-def add_stream(js: JetStreamSession, names: Any) -> None:
-    js.run(js.admin.add_stream(names.stream, [names.subject]))
-
-
-def publish_and_wait(js: JetStreamSession, names: Any, messages: list[Any]) -> None:
-    before = js.stream_info(names.stream).state.last_seq
-    js.run(publish(js.conn, messages))
-    js.run(wait_for_messages(js.conn, names.stream, before + len(messages)))
 
 
 def read_table(spark: Any, path: Any) -> Any:
@@ -226,32 +216,6 @@ def test_budgets_stop_early_and_the_next_run_continues(spark, js, names, nats_se
     total = first.messages_written + rounds.messages_written + rest.messages_written
     assert total == 100
     assert seqs(spark, tmp_path / "table") == list(range(1, 101))
-
-
-def test_run_that_died_before_acking_is_finished_by_the_next_runs_fence(
-        spark, js, names, nats_server, tmp_path, monkeypatch):
-    add_stream(js, names)
-    publish_and_wait(js, names, [(f"{names.prefix}.f", b"%d" % i) for i in range(50)])
-    config = make_config(names, nats_server, tmp_path)
-
-    from js_etl.spark import drain as drain_module
-
-    def die(self, js, keys, dead=False):  # the commit happened; the process dies before acks
-        raise SystemExit("killed after commit")
-
-    monkeypatch.setattr(drain_module.Drain, "_ack", die)
-    with pytest.raises(SystemExit):
-        run_drain(spark, config)
-    monkeypatch.undo()
-    assert seqs(spark, tmp_path / "table") == list(range(1, 51))
-    assert js.consumer_info(names.stream, names.consumer).num_ack_pending == 50
-
-    report = run_drain(spark, config)
-
-    assert report.reacked_at_start == 50
-    assert report.messages_written == 0
-    assert seqs(spark, tmp_path / "table") == list(range(1, 51))  # no duplicates
-    assert consumer_state(js, names) == (0, 0)
 
 
 def test_missing_stream_and_consumer_are_clear_errors(spark, js, names, nats_server, tmp_path):

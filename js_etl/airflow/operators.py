@@ -29,7 +29,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.sdk import Asset, AssetAlias, BaseOperator
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk.exceptions import (
+    AirflowException,
+    AirflowFailException,
+    AirflowNotFoundException,
+)
 
 from js_etl.airflow.assets import target_asset
 from js_etl.airflow.hooks import JetStreamHook
@@ -241,7 +245,7 @@ class JetStreamToDeltaOperator(BaseOperator):
         user_env = {str(k): str(v) for k, v in (self.env_vars or {}).items()}
         try:
             job_env = JetStreamHook(self.nats_conn_id).job_environment()
-        except JsEtlError as e:  # a connection that can never work: do not retry
+        except (JsEtlError, AirflowNotFoundException) as e:  # no retry can fix the connection
             raise AirflowFailException(str(e)) from None
         config_path = os.path.abspath(self.config_path)
         # The job would refuse a bad config too, but only after Spark started: check it here

@@ -85,6 +85,12 @@ def test_backfill_runs_its_own_script_with_the_range_flags_last(tmp_path, names)
     with pytest.raises(AirflowFailException, match="missing.py not found: the 'backfill' job"):
         elsewhere._application()
 
+    # A connection that does not exist cannot appear on retry: fail the task at once.
+    unknown = JetStreamToDeltaOperator(task_id="t", config_path=config,
+                                       nats_conn_id="nats_never_defined")
+    with pytest.raises(AirflowFailException, match="nats_never_defined"):
+        unknown.execute({})
+
 
 @pytest.mark.parametrize("master", ["local[2]", "yarn"])
 def test_secrets_reach_spark_submit_by_environment_never_on_the_command_line(token_server,
