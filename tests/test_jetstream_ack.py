@@ -190,3 +190,20 @@ def test_late_ack_on_rebuilt_subject_of_an_earlier_delivery(js, js2, names, stre
     assert js2.run(js2.acker.ack_confirmed(subject)) is True
     info = settled(js, stream, names.consumer, 0)
     assert info.ack_floor.stream_seq == 1
+
+
+def test_ack_block_is_the_pub_commands_of_ack_subject_back_to_back():
+    import pyarrow as pa
+
+    from js_etl.jetstream.ack import ACK, ack_block, term_body
+
+    delivered, seqs, cseqs = [1, 3, 1], [7, 12, 900_000_001], [2, 5, 6]
+    columns = [pa.array(c, pa.int64()) for c in (delivered, seqs, cseqs)]
+    expected = b"".join(b"PUB %s 4\r\n+ACK\r\n" % ack_subject("$JS.ACK.S.c", d, s, c).encode()
+                        for d, s, c in zip(delivered, seqs, cseqs, strict=True))
+    assert ack_block("$JS.ACK.S.c", *columns, ACK) == expected
+    # A slice (non-zero offset) and a non-ASCII body
+    body = term_body("not JSON: ü")
+    assert ack_block("$JS.ACK.S.c", *(c[1:2] for c in columns), body) == (
+        b"PUB $JS.ACK.S.c.3.12.5.0.0 %d\r\n%s\r\n" % (len(body), body))
+    assert ack_block("$JS.ACK.S.c", *(c[:0] for c in columns), ACK) == b""
