@@ -214,6 +214,12 @@ def test_poison_and_oversize_messages_never_stall_the_drain(spark, js, names, na
         result = js.pull(other, 1)
         assert result.messages[0].metadata.stream_seq == stuck_seq
         js.nak([result.messages[0].reply])
+        # The server applies a NAK after reading it (measured): pull again only once it has,
+        # or the next pull may be served seq 2 first.
+        deadline = time.monotonic() + 5
+        while js.consumer_info(names.stream, names.consumer).num_ack_pending and \
+                time.monotonic() < deadline:
+            time.sleep(0.01)
     terms: list[dict[str, Any]] = []
 
     async def watch_terms() -> None:
