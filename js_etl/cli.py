@@ -31,6 +31,8 @@ from js_etl.errors import JsEtlError
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from js_etl.report import RunReport
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("js_etl")
 
@@ -181,7 +183,11 @@ def _drain(config: JobConfig, report_file: str | None, spark_submit: bool) -> in
 
     options = config.nats.connection_options()  # secrets resolved before Spark starts
     spark = spark_session(config, spark_submit=spark_submit)
-    report = run_drain(spark, config, options=options)
+    return _emit(run_drain(spark, config, options=options), report_file)
+
+
+def _emit(report: RunReport, report_file: str | None) -> int:
+    """The report as JSON: to ``--report-file`` and as the last stdout line."""
     text = report.to_json()
     if report_file:
         Path(report_file).write_text(text + "\n")
@@ -216,12 +222,7 @@ def _backfill(args: argparse.Namespace, spark_submit: bool) -> int:
     job = Backfill(config, request, options=options, drain_target=drain_target)
     job.plan()  # NATS only: a range that cannot be backfilled fails here, before Spark starts
     spark = spark_session(config, spark_submit=spark_submit)
-    report = job.run(spark)
-    text = report.to_json()
-    if args.report_file:
-        Path(args.report_file).write_text(text + "\n")
-    print(text, flush=True)
-    return 0
+    return _emit(job.run(spark), args.report_file)
 
 
 def _rewind(config: JobConfig, to_seq: int, yes: bool) -> int:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -37,8 +40,15 @@ class RunReport:
     seconds: float = 0.0
     phase_seconds: dict[str, float] = field(default_factory=dict)
 
-    def add_phase(self, phase: str, seconds: float) -> None:
-        self.phase_seconds[phase] = round(self.phase_seconds.get(phase, 0.0) + seconds, 3)
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Add the wall time of the ``with`` block to ``phase_seconds[name]`` (failures count)."""
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            seconds = time.monotonic() - started
+            self.phase_seconds[name] = round(self.phase_seconds.get(name, 0.0) + seconds, 3)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -459,12 +459,10 @@ class Backfill:
 
     def plan(self) -> BackfillPlan:
         if self._plan is None:
-            started = time.monotonic()
-            with JetStreamSession(self.options) as js:
+            with self.report.phase("plan"), JetStreamSession(self.options) as js:
                 self._plan = resolve_range(
                     js, self.config, self.request, target=str(self.target),
                     drain_writes_target=same_table(self.target, self.drain_target))
-            self.report.add_phase("plan", time.monotonic() - started)
             plan, report = self._plan, self.report
             report.resolved_range = list(plan.resolved)
             report.covered_range = [plan.lo, plan.hi]
@@ -500,7 +498,7 @@ class Backfill:
                    # recomputed, reading the same messages (module docstring).
                    .persist(StorageLevel.MEMORY_AND_DISK))
         try:
-            with self._phase("fetch"):
+            with self.report.phase("fetch"):
                 stats = fetched.agg(F.count("*").alias("n"),
                                     F.coalesce(F.sum(F.length("data")), F.lit(0)).alias("bytes"),
                                     F.min("seq").alias("first"), F.max("seq").alias("last")
@@ -516,7 +514,7 @@ class Backfill:
                                     f"{list(plan.filter_subjects) or '(none)'}")
                 log.warning("backfill %s: %s", self.run_id, report.notes[-1])
             else:
-                with self._phase("write"):
+                with self.report.phase("write"):
                     self._write(spark, fetched, plan)
                 report.rounds = 1
                 report.stopped_because = "range_done"
@@ -636,15 +634,6 @@ class Backfill:
             raise PurgedRangeError(f"{text}: nothing written; backfill from --from-seq {first}")
         self.report.notes.append(f"{text}: seqs {plan.lo}..{first - 1} may be missing")
         log.warning("backfill %s: %s", self.run_id, self.report.notes[-1])
-
-    @contextmanager
-    def _phase(self, name: str) -> Iterator[None]:
-        started = time.monotonic()
-        try:
-            yield
-        finally:
-            self.report.add_phase(name, time.monotonic() - started)
-
 
 def _merge_condition(stream: str, plan: BackfillPlan) -> Column:
     from pyspark.sql import functions as F

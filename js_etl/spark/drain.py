@@ -169,10 +169,10 @@ class Drain:
         started = time.monotonic()
         if self.config.decode.format == "json":
             json_fields(self.config.decode.schema or "")  # bad DDL fails before any pull
-        with self._phase("connect"):
+        with self.report.phase("connect"):
             js = JetStreamSession(self.options)
         with js:
-            with self._phase("plan"):
+            with self.report.phase("plan"):
                 info = self._plan(js)
             lock = TableLock(self.spark, self._lock_location(), self.source.consumer,
                              self.run_id, ttl=max(3 * (info.config.ack_wait or 0), 600.0))
@@ -206,7 +206,7 @@ class Drain:
     def _run(self, js: JetStreamSession, lock: TableLock, info: ConsumerInfo,
              started: float) -> None:
         report, run = self.report, self.config.run
-        with self._phase("fence"):
+        with self.report.phase("fence"):
             last_round = self._fence(js, info, lock)
         next_round = last_round + 1
         retook_pin = False
@@ -215,7 +215,7 @@ class Drain:
             if stop:
                 report.stopped_because = stop
                 break
-            with self._phase("plan"):
+            with self.report.phase("plan"):
                 info = js.consumer_info(self.source.stream, self.source.consumer)
             if info.num_pending == 0 and info.num_ack_pending == 0:
                 report.stopped_because = "drained"
@@ -255,7 +255,7 @@ class Drain:
             next_round += 1
             lock.heartbeat(pin_id=self.pin_id)
             self.on_round(report)
-        with self._phase("release"):
+        with self.report.phase("release"):
             # Everything this run committed is acked; whatever else it holds (a failed task
             # attempt's deliveries) goes back now rather than after ack_wait.
             info = _settled_info(js, self.source.stream, self.source.consumer)
@@ -364,7 +364,7 @@ class Drain:
             fetch_seconds=max(self.config.fetch.pull_timeout, ack_wait / 3),
             group=self.source.priority_group, min_pending=self.source.min_pending,
             min_ack_pending=self.source.min_ack_pending, pin_id=self.pin_id, fault=self.fault)
-        with self._phase("fetch"):
+        with self.report.phase("fetch"):
             df = (self.spark.range(size.partitions, numPartitions=size.partitions)
                   .mapInArrow(partial(fetch_partition, plan), RAW_DDL))
             before = self._persistent_rdds()
@@ -398,7 +398,7 @@ class Drain:
         from pyspark.sql import functions as F
 
         report = self.report
-        with self._phase("write"):
+        with self.report.phase("write"):
             stats = decoded.flagged.agg(
                 F.count("*").alias("n"), F.count("error").alias("dead"),
                 F.coalesce(F.sum(PAYLOAD_BYTES), F.lit(0)).alias("bytes"),
@@ -420,7 +420,7 @@ class Drain:
                                merge_schema=self.config.decode.merge_schema)
             committed.append(self.target)
         faults.kill_here("kill_after_commit")
-        with self._phase("ack"):
+        with self.report.phase("ack"):
             for table in committed:
                 dead = table is self.dead_letters
                 version = table.commit_of(self.spark, tag)
@@ -473,20 +473,6 @@ class Drain:
         if run.max_seconds is not None and time.monotonic() - started >= run.max_seconds:
             return "max_seconds"
         return None
-
-    def _phase(self, name: str) -> _Phase:
-        return _Phase(self.report, name)
-
-
-class _Phase:
-    def __init__(self, report: RunReport, name: str) -> None:
-        self.report, self.name = report, name
-
-    def __enter__(self) -> None:
-        self.started = time.monotonic()
-
-    def __exit__(self, *exc: object) -> None:
-        self.report.add_phase(self.name, time.monotonic() - self.started)
 
 
 def _settled_info(js: JetStreamSession, stream: str, consumer: str) -> ConsumerInfo:
