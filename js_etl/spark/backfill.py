@@ -45,7 +45,7 @@ Duplicates — what we rely on:
   (and refused if it lies wholly above it): the drain and the backfill then write disjoint
   sequences, now and later. To load history *before* a drain takes over, create or ``rewind`` the
   durable consumer to start after the range first.
-* **Rows and dead letters** come from the same fetch: ``decode`` splits it, and each half is
+* **Rows and dead letters** come from the same fetch: the :class:`~js_etl.spark.decode.Decoder` splits it, and each half is
   merged into its own table on ``(stream, seq)``.
 
 Backfill commits are tagged (``userMetadata``) with job ``js-etl-backfill:<stream>:<consumer>``,
@@ -90,7 +90,7 @@ from js_etl.jetstream.errors import (
     StreamNotFoundError,
 )
 from js_etl.report import RunReport
-from js_etl.spark.decode import decode, json_fields, with_partition_columns
+from js_etl.spark.decode import Decoder, with_partition_columns
 from js_etl.spark.delta import CommitTag, DeltaTarget
 from js_etl.spark.fetch import RAW_DDL, to_record_batch
 
@@ -480,8 +480,7 @@ class Backfill:
 
         started = time.monotonic()
         planned_before = self._plan is not None  # the CLI plans before it starts Spark
-        if self.config.decode.format == "json":
-            json_fields(self.config.decode.schema or "")  # bad DDL fails before any pull
+        decoder = Decoder(self.config.decode.format, self.config.decode.schema)  # before any pull
         plan = self.plan()
         report = self.report
         fetch = self.config.fetch
@@ -515,7 +514,7 @@ class Backfill:
                 log.warning("backfill %s: %s", self.run_id, report.notes[-1])
             else:
                 with self.report.phase("write"):
-                    self._write(spark, fetched, plan)
+                    self._write(spark, decoder, fetched, plan)
                 report.rounds = 1
                 report.stopped_because = "range_done"
         finally:
@@ -529,15 +528,17 @@ class Backfill:
         report.seconds = round(time.monotonic() - started + earlier, 3)
         return report
 
-    def _write(self, spark: SparkSession, fetched: DataFrame, plan: BackfillPlan) -> None:
+    def _write(self, spark: SparkSession, decoder: Decoder, fetched: DataFrame,
+               plan: BackfillPlan) -> None:
         report = self.report
-        decoded = decode(fetched, self.config.decode.format, self.config.decode.schema)
+        flagged = decoder.flag(fetched)
+        dead_letters = decoder.dead_letters(flagged)
         dead_source: int | None = 0
-        if not decoded.dead_letters.isEmpty():
-            inserted, dead_source = self._merge(spark, self.dead_letters, decoded.dead_letters,
+        if not dead_letters.isEmpty():
+            inserted, dead_source = self._merge(spark, self.dead_letters, dead_letters,
                                                 plan, partition_by=[], merge_schema=False)
             report.dead_letters = inserted
-        rows, partition_names = with_partition_columns(decoded.rows,
+        rows, partition_names = with_partition_columns(decoder.rows(flagged),
                                                        list(self.config.target.partition_by))
         inserted, rows_source = self._merge(spark, self.target, rows, plan,
                                             partition_by=partition_names,

@@ -6,7 +6,7 @@ fetched Arrow batches go straight into Spark and are parsed there.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from js_etl.errors import ConfigError
@@ -25,10 +25,80 @@ PAYLOAD_BYTES = "_js_etl_payload_bytes"  # in `flagged` only: the round's byte c
 
 
 @dataclass(frozen=True)
-class Decoded:
-    flagged: DataFrame  # every fetched row, payload parsed, `error` (null = good), PAYLOAD_BYTES
-    rows: DataFrame  # what goes into the target table (a projection of `flagged`)
-    dead_letters: DataFrame  # DEAD_LETTER_COLUMNS (a projection of `flagged`)
+class Decoder:
+    """How fetched rows become table rows and dead letters (with the reason).
+
+    Two steps, so the drain can run the first inside its fetch checkpoint: :meth:`flag` parses
+    every row and marks the bad ones (``error``, null = good); :meth:`rows` and
+    :meth:`dead_letters` are plain projections of what ``flag`` produced.
+
+    Building one checks ``schema_ddl`` (a bad schema fails before any pull).
+    """
+
+    fmt: Format
+    schema_ddl: str | None = None
+    fields: tuple[str, ...] = field(init=False, default=())  # json: the schema's top level
+
+    def __post_init__(self) -> None:
+        if self.fmt == "json":
+            if not self.schema_ddl:
+                raise ConfigError("decode.format json needs decode.schema (Spark DDL)")
+            object.__setattr__(self, "fields", tuple(json_fields(self.schema_ddl)))
+
+    def flag(self, raw: DataFrame, *, park_after: int | None = None) -> DataFrame:
+        """Every fetched row, payload parsed, ``error`` (null = good) and PAYLOAD_BYTES.
+
+        ``park_after``: a message delivered more often than this is poison — it goes to the
+        dead-letter table whatever its payload, so it can never stall the drain or be dropped
+        by the server's own ``max_deliver``.
+        """
+        from pyspark.sql import functions as F
+
+        error = F.lit(None).cast("string")
+        flagged = raw
+        if self.fmt == "text":
+            error = F.when(~_valid_utf8(), F.lit("payload is not valid UTF-8"))
+        elif self.fmt == "json":
+            text = F.col("data").cast("string")
+            parsed = F.from_json(text, f"{self.schema_ddl}, {_CORRUPT} STRING",
+                                 {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT})
+            corrupt = F.col(f"_json.{_CORRUPT}").isNotNull()
+            error = (F.when(~_valid_utf8(), F.lit("payload is not valid UTF-8"))
+                     .when(F.length("data") == 0, F.lit("empty payload"))
+                     .when(F.col("_json").isNull(), F.lit("payload is not JSON"))
+                     .when(corrupt & F.get_json_object(text, "$").isNull(),
+                           F.lit("malformed JSON"))
+                     .when(corrupt,
+                           F.lit(f"JSON does not match decode.schema ({self.schema_ddl})")))
+            flagged = raw.withColumn("_json", parsed)
+        if park_after is not None:
+            error = F.when(F.col("num_delivered") > park_after, F.concat(
+                F.lit("poison: delivered "), F.col("num_delivered").cast("string"),
+                F.lit(f" times (more than source.max_deliver {park_after})"))
+            ).otherwise(error)
+        flagged = flagged.withColumn("error", error).withColumn(PAYLOAD_BYTES, F.length("data"))
+        if self.fmt == "json":
+            # Good rows need only their parsed fields: keeping the raw payload for dead letters
+            # only halves what a round holds (profiled at 1M x 256 B: 3.0 s -> 2.3 s).
+            flagged = flagged.withColumn("data",
+                                         F.when(F.col("error").isNotNull(), F.col("data")))
+        return flagged
+
+    def rows(self, flagged: DataFrame) -> DataFrame:
+        """What goes into the target table: origin columns and the decoded payload."""
+        from pyspark.sql import functions as F
+
+        payload = {"raw": [F.col("data")],
+                   "text": [F.col("data").cast("string").alias("text")],
+                   "json": [F.col(f"_json.{name}").alias(name) for name in self.fields]}
+        return (flagged.where(F.col("error").isNull())
+                .select(*[F.col(c) for c in ORIGIN_COLUMNS], *payload[self.fmt]))
+
+    def dead_letters(self, flagged: DataFrame) -> DataFrame:
+        """DEAD_LETTER_COLUMNS of the bad rows."""
+        from pyspark.sql import functions as F
+
+        return flagged.where(F.col("error").isNotNull()).select(*DEAD_LETTER_COLUMNS)
 
 
 def json_fields(schema_ddl: str) -> list[str]:
@@ -50,61 +120,10 @@ def json_fields(schema_ddl: str) -> list[str]:
     return parsed.fieldNames()
 
 
-def decode(raw: DataFrame, fmt: Format, schema_ddl: str | None = None, *,
-           park_after: int | None = None) -> Decoded:
-    """Split fetched rows into decoded table rows and dead letters (with the reason).
-
-    ``park_after``: a message delivered more often than this is poison — it goes to the
-    dead-letter table whatever its payload, so it can never stall the drain or be dropped by
-    the server's own ``max_deliver``.
-    """
-    from pyspark.sql import functions as F
-
-    origin = [F.col(c) for c in ORIGIN_COLUMNS]
-    error = F.lit(None).cast("string")
-    payload: list[Column] = [F.col("data")]
-    flagged = raw
-    if fmt == "text":
-        error = F.when(~_valid_utf8(), F.lit("payload is not valid UTF-8"))
-        payload = [F.col("data").cast("string").alias("text")]
-    elif fmt == "json":
-        if not schema_ddl:
-            raise ConfigError("decode.format json needs decode.schema (Spark DDL)")
-        fields = json_fields(schema_ddl)
-        text = F.col("data").cast("string")
-        parsed = F.from_json(text, f"{schema_ddl}, {_CORRUPT} STRING",
-                             {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT})
-        corrupt = F.col(f"_json.{_CORRUPT}").isNotNull()
-        error = (F.when(~_valid_utf8(), F.lit("payload is not valid UTF-8"))
-                 .when(F.length("data") == 0, F.lit("empty payload"))
-                 .when(F.col("_json").isNull(), F.lit("payload is not JSON"))
-                 .when(corrupt & F.get_json_object(text, "$").isNull(), F.lit("malformed JSON"))
-                 .when(corrupt, F.lit(f"JSON does not match decode.schema ({schema_ddl})")))
-        flagged = raw.withColumn("_json", parsed)
-        payload = [F.col(f"_json.{name}").alias(name) for name in fields]
-    if park_after is not None:
-        error = F.when(F.col("num_delivered") > park_after, F.concat(
-            F.lit("poison: delivered "), F.col("num_delivered").cast("string"),
-            F.lit(f" times (more than source.max_deliver {park_after})"))).otherwise(error)
-    flagged = flagged.withColumn("error", error).withColumn(PAYLOAD_BYTES, F.length("data"))
-    if fmt == "json":
-        # Good rows need only their parsed fields: keeping the raw payload for dead letters only
-        # shrinks what a round caches by about half (profiled at 1M x 256 B: 3.0 s -> 2.3 s).
-        flagged = flagged.withColumn("data", F.when(F.col("error").isNotNull(), F.col("data")))
-    return Decoded(flagged, flagged.where(F.col("error").isNull()).select(*origin, *payload),
-                   flagged.where(F.col("error").isNotNull()).select(*_dead(F.col("error"))))
-
-
 def _valid_utf8() -> Column:
     from pyspark.sql import functions as F
 
     return F.expr("is_valid_utf8(cast(data as string))")
-
-
-def _dead(error: Column) -> list[Column]:
-    from pyspark.sql import functions as F
-
-    return [F.col(c) for c in DEAD_LETTER_COLUMNS[:-1]] + [error.cast("string").alias("error")]
 
 
 def with_partition_columns(df: DataFrame, expressions: list[str]) -> tuple[DataFrame, list[str]]:

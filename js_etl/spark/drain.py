@@ -6,7 +6,8 @@ and fetching from a durable consumer is a side effect — a recomputed partition
 
 1. A round's fetch runs exactly once, as an eager ``localCheckpoint``. That cuts the lineage:
    if a checkpointed block is ever lost, Spark fails the job instead of silently re-fetching.
-   A failed task attempt's messages are simply not in the checkpoint; nobody acks them.
+   A failed task attempt's messages are simply not in the checkpoint; nobody acks them. The
+   payload is decoded in the same pass, so the checkpoint holds the decoded rows.
 2. Table rows and dead-letter rows are written from that checkpoint, one Delta transaction per
    table, tagged with the job and round (see :mod:`js_etl.spark.delta`).
 3. Acks are built from the files each commit added, read back from the table — never from the
@@ -50,7 +51,7 @@ from js_etl.jetstream import (
 from js_etl.jetstream.ack import ACK, ack_block, nak_body, term_body
 from js_etl.jetstream.errors import ConsumerConfigError
 from js_etl.report import RunReport
-from js_etl.spark.decode import PAYLOAD_BYTES, decode, json_fields, with_partition_columns
+from js_etl.spark.decode import PAYLOAD_BYTES, Decoder, with_partition_columns
 from js_etl.spark.delta import CommitTag, DeltaTarget, committed_keys
 from js_etl.spark.fetch import RAW_DDL, FetchPlan, fetch_partition
 from js_etl.spark.lock import TableLock
@@ -159,6 +160,8 @@ class Drain:
         self.pinned = False  # the consumer uses a pinned_client group
         self.pin_id: str | None = None  # our pin, once the server gave us one
         self.park_after: int | None = None
+        # Checks decode.schema: a bad schema fails before any pull.
+        self.decoder = Decoder(config.decode.format, config.decode.schema)
         self.report = RunReport(
             job=config.job_id, run_id=self.run_id, stream=self.source.stream,
             consumer=self.source.consumer, target=str(self.target),
@@ -167,8 +170,6 @@ class Drain:
 
     def run(self) -> RunReport:
         started = time.monotonic()
-        if self.config.decode.format == "json":
-            json_fields(self.config.decode.schema or "")  # bad DDL fails before any pull
         with self.report.phase("connect"):
             js = JetStreamSession(self.options)
         with js:
@@ -365,11 +366,14 @@ class Drain:
             group=self.source.priority_group, min_pending=self.source.min_pending,
             min_ack_pending=self.source.min_ack_pending, pin_id=self.pin_id, fault=self.fault)
         with self.report.phase("fetch"):
-            df = (self.spark.range(size.partitions, numPartitions=size.partitions)
-                  .mapInArrow(partial(fetch_partition, plan), RAW_DDL))
+            raw = (self.spark.range(size.partitions, numPartitions=size.partitions)
+                   .mapInArrow(partial(fetch_partition, plan), RAW_DDL))
+            flagged = self.decoder.flag(raw, park_after=self.park_after)
             before = self._persistent_rdds()
-            # The one and only evaluation of this round's fetch (see module docstring).
-            fetched = df.localCheckpoint(eager=True)
+            # The one and only evaluation of this round's fetch (see module docstring). Decoding
+            # in the same pass saves caching a second copy of the round (profiled: ~20% of a
+            # round at 4 KiB messages).
+            fetched = flagged.localCheckpoint(eager=True)
             return fetched, self._persistent_rdds() - before
 
     def _persistent_rdds(self) -> set[int]:
@@ -384,22 +388,11 @@ class Drain:
                 rdds[rdd_id].unpersist(False)
 
     def _commit_and_ack(self, js: JetStreamSession, fetched: DataFrame, round_no: int) -> bool:
-        decoded = decode(fetched, self.config.decode.format, self.config.decode.schema,
-                         park_after=self.park_after)
-        # Parse once for the stats and both writes. Caching is safe here, unlike for the fetch:
-        # this is a pure function of the checkpoint, so a lost block recomputes the same rows.
-        decoded.flagged.persist()
-        try:
-            return self._write_round(js, decoded, round_no)
-        finally:
-            decoded.flagged.unpersist()
-
-    def _write_round(self, js: JetStreamSession, decoded: Any, round_no: int) -> bool:
         from pyspark.sql import functions as F
 
         report = self.report
         with self.report.phase("write"):
-            stats = decoded.flagged.agg(
+            stats = fetched.agg(
                 F.count("*").alias("n"), F.count("error").alias("dead"),
                 F.coalesce(F.sum(PAYLOAD_BYTES), F.lit(0)).alias("bytes"),
                 F.min("seq").alias("first"), F.max("seq").alias("last")).first()
@@ -409,10 +402,10 @@ class Drain:
                             int(stats["first"]), int(stats["last"]))
             committed = []
             if stats["dead"]:
-                self.dead_letters.append(decoded.dead_letters, tag, partition_by=[],
-                                         merge_schema=False)
+                self.dead_letters.append(self.decoder.dead_letters(fetched), tag,
+                                         partition_by=[], merge_schema=False)
                 committed.append(self.dead_letters)
-            rows, partition_names = with_partition_columns(decoded.rows,
+            rows, partition_names = with_partition_columns(self.decoder.rows(fetched),
                                                            list(self.config.target.partition_by))
             if self.fault == "fail_write_task":
                 rows = rows.mapInArrow(faults.failing_write_stage, rows.schema)
