@@ -1,7 +1,8 @@
 """Payload decoding on the JVM, and the split into table rows and dead-letter rows.
 
-Decoding is column expressions (``from_json``, ``is_valid_utf8``), never per-row Python: the
-fetched Arrow batches go straight into Spark and are parsed there.
+Decoding is column expressions (``from_json``), never per-row Python: the fetched Arrow batches
+go straight into Spark and are parsed there. Whether a payload is valid UTF-8 arrives with the
+fetched row (``data_is_utf8``, checked by Arrow on the executor, see :mod:`js_etl.spark.fetch`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Literal
 from js_etl.errors import ConfigError
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame
+    from pyspark.sql import DataFrame
 
 Format = Literal["raw", "text", "json"]
 
@@ -57,13 +58,13 @@ class Decoder:
         error = F.lit(None).cast("string")
         flagged = raw
         if self.fmt == "text":
-            error = F.when(~_valid_utf8(), F.lit("payload is not valid UTF-8"))
+            error = F.when(~F.col("data_is_utf8"), F.lit("payload is not valid UTF-8"))
         elif self.fmt == "json":
             text = F.col("data").cast("string")
             parsed = F.from_json(text, f"{self.schema_ddl}, {_CORRUPT} STRING",
                                  {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT})
             corrupt = F.col(f"_json.{_CORRUPT}").isNotNull()
-            error = (F.when(~_valid_utf8(), F.lit("payload is not valid UTF-8"))
+            error = (F.when(~F.col("data_is_utf8"), F.lit("payload is not valid UTF-8"))
                      .when(F.length("data") == 0, F.lit("empty payload"))
                      .when(F.col("_json").isNull(), F.lit("payload is not JSON"))
                      .when(corrupt & F.get_json_object(text, "$").isNull(),
@@ -118,12 +119,6 @@ def json_fields(schema_ddl: str) -> list[str]:
         raise ConfigError(f"decode.schema field(s) {clash} clash with js-etl's own columns; "
                           "rename them in the schema")
     return parsed.fieldNames()
-
-
-def _valid_utf8() -> Column:
-    from pyspark.sql import functions as F
-
-    return F.expr("is_valid_utf8(cast(data as string))")
 
 
 def with_partition_columns(df: DataFrame, expressions: list[str]) -> tuple[DataFrame, list[str]]:

@@ -22,9 +22,12 @@ from js_etl.jetstream import ConnectionOptions, JetStreamSession, PullEnd, parse
 from js_etl.jetstream.message import JsMessage
 from js_etl.jetstream.pull import PullResult
 
-# The raw row as fetched; decoding happens on the JVM afterwards (see decode.py).
+# The raw row as fetched; decoding happens on the JVM afterwards (see decode.py), except the
+# UTF-8 check: Arrow validates a whole batch at memory speed, where the JVM's is_valid_utf8 was
+# an eighth of a round's JVM time at 4 KiB messages (profiled).
 RAW_DDL = ("subject STRING, stream STRING, seq BIGINT, consumer_seq BIGINT, num_delivered BIGINT, "
-           "published_at TIMESTAMP, headers MAP<STRING, ARRAY<STRING>>, data BINARY")
+           "published_at TIMESTAMP, headers MAP<STRING, ARRAY<STRING>>, data BINARY, "
+           "data_is_utf8 BOOLEAN")
 ARROW_SCHEMA = pa.schema([
     ("subject", pa.string()),
     ("stream", pa.string()),
@@ -34,6 +37,7 @@ ARROW_SCHEMA = pa.schema([
     ("published_at", pa.timestamp("us", tz="UTC")),
     ("headers", pa.map_(pa.string(), pa.list_(pa.string()))),
     ("data", pa.binary()),
+    ("data_is_utf8", pa.bool_()),
 ])
 # Transport headers the server adds for its own protocol, not part of the message.
 _TRANSPORT_HEADERS = ("Nats-Pin-Id",)
@@ -158,6 +162,7 @@ def to_record_batch(messages: list[JsMessage], ack_prefix: str) -> pa.RecordBatc
                 parsed.pop(key, None)
             headers[i] = list(parsed.items()) if parsed else None
     stream = ack_prefix.split(".")[-2]
+    data = pa.array([m.data for m in messages], pa.binary())
     return pa.RecordBatch.from_arrays([
         pa.array([m.subject for m in messages], pa.string()),
         pa.array([stream] * n, pa.string()),
@@ -166,5 +171,24 @@ def to_record_batch(messages: list[JsMessage], ack_prefix: str) -> pa.RecordBatc
         token(0),
         pc.divide(token(3), 1000).cast(pa.timestamp("us", tz="UTC")),
         pa.array(headers, ARROW_SCHEMA.field("headers").type),
-        pa.array([m.data for m in messages], pa.binary()),
+        data,
+        _utf8_flags(data),
     ], schema=ARROW_SCHEMA)
+
+
+def _utf8_flags(data: pa.Array) -> pa.Array:
+    """Which payloads are valid UTF-8: one Arrow validation of the whole batch, and only when
+    that fails, a strict decode per payload."""
+    try:
+        data.cast(pa.string())
+        return pa.repeat(True, len(data))
+    except pa.ArrowInvalid:
+        return pa.array([_is_utf8(value) for value in data.to_pylist()], pa.bool_())
+
+
+def _is_utf8(payload: bytes) -> bool:
+    try:
+        payload.decode("utf-8")  # strict, like Arrow: no surrogates, no overlong forms
+        return True
+    except UnicodeDecodeError:
+        return False

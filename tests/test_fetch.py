@@ -1,0 +1,48 @@
+"""The Arrow batch a fetch emits (pure logic, no server, no Spark)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from js_etl.errors import TerminalError
+from js_etl.jetstream import JsMessage
+from js_etl.spark.fetch import ARROW_SCHEMA, to_record_batch
+
+PREFIX = "$JS.ACK.ORDERS.drain"
+
+
+def message(seq: int, data: bytes, headers: bytes | None = None, delivered: int = 1) -> JsMessage:
+    ts = 1_700_000_000_123_456_789 + seq
+    return JsMessage(f"orders.{seq}", data, f"{PREFIX}.{delivered}.{seq}.{seq + 100}.{ts}.7",
+                     headers)
+
+
+def test_batch_columns_come_from_the_ack_subject_and_the_frame():
+    batch = to_record_batch([message(1, b'{"a":1}', b"NATS/1.0\r\nK: 1\r\nK: 2\r\n\r\n"),
+                             message(2, b"", delivered=3)], PREFIX)
+
+    assert batch.schema == ARROW_SCHEMA
+    rows = batch.to_pylist()
+    assert [(r["subject"], r["stream"], r["seq"], r["consumer_seq"], r["num_delivered"])
+            for r in rows] == [("orders.1", "ORDERS", 1, 101, 1), ("orders.2", "ORDERS", 2, 102, 3)]
+    assert rows[0]["published_at"] == datetime(2023, 11, 14, 22, 13, 20, 123456, tzinfo=UTC)
+    assert rows[0]["headers"] == [("K", ["1", "2"])] and rows[1]["headers"] is None
+    assert [r["data"] for r in rows] == [b'{"a":1}', b""]
+
+
+@pytest.mark.parametrize("payloads, flags", [
+    ([b"plain", "zo\u00eb \u2603".encode(), b""], [True, True, True]),
+    ([b"ok", b"\xff\xfe", b"\xed\xa0\x80", b"\xc0\xaf", "\U0001f600".encode()],
+     [True, False, False, False, True]),  # stray bytes, an encoded surrogate, an overlong form
+])
+def test_utf8_flag_per_payload(payloads, flags):
+    batch = to_record_batch([message(i + 1, p) for i, p in enumerate(payloads)], PREFIX)
+    assert batch.column("data_is_utf8").to_pylist() == flags
+
+
+def test_foreign_ack_subject_is_refused():
+    foreign = JsMessage("orders.1", b"x", "$JS.ACK.OTHER.drain.1.1.1.0.0")
+    with pytest.raises(TerminalError, match="does not start with"):
+        to_record_batch([foreign], PREFIX)
