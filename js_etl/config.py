@@ -507,7 +507,7 @@ class FetchConfig(_Section):
             "and get the connection dropped as a slow consumer",
         ),
     )
-    partition_max_bytes: int = _setting(64 * MiB, _byte_size())
+    partition_max_bytes: int = _setting(128 * MiB, _byte_size())
     pull_timeout: float = _setting(5.0, _SECONDS)
 
     def _check(self) -> None:

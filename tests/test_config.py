@@ -58,7 +58,7 @@ def test_defaults() -> None:
     assert cfg.source.max_ack_pending is None
     assert (cfg.fetch.partitions, cfg.fetch.batch) == (2, 1000)
     assert cfg.fetch.max_bytes == 8_388_608
-    assert cfg.fetch.partition_max_bytes == 64 * 1024**2
+    assert cfg.fetch.partition_max_bytes == 128 * 1024**2
     assert cfg.fetch.pull_timeout == 5.0
     assert dataclasses.astuple(cfg.run) == (None, None, None, None)
     assert (cfg.decode.format, cfg.decode.schema, cfg.decode.merge_schema) == ("raw", None, False)
