@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -130,20 +131,35 @@ def main(argv: Sequence[str] | None = None, *, spark_submit: bool = False) -> in
         print(f"js-etl: {type(e).__name__}: {e}", file=sys.stderr)
         return e.exit_code
     except Exception as e:  # a Spark failure wraps our error from the executors; unwrap it
-        print(f"js-etl: {one_line_reason(e)}", file=sys.stderr)
-        return 1
+        reason, exit_code = failure_reason(e)
+        print(f"js-etl: {reason}", file=sys.stderr)
+        return exit_code
 
 
-def one_line_reason(error: BaseException) -> str:
-    """The most specific one-line reason in an error, including js-etl errors that were raised
-    on an executor and arrive wrapped in a Spark/Py4J exception."""
+# The last line of a Python traceback that Spark carries back from an executor.
+_EXECUTOR_ERROR = re.compile(r"^js_etl\.(?:\w+\.)*?(\w+): (.*)$")
+
+
+def failure_reason(error: BaseException) -> tuple[str, int]:
+    """One line saying why, and the exit code. A js-etl error raised on an executor arrives
+    wrapped in a Spark/Py4J exception, as traceback text: its class still decides the exit code
+    (a NATS outage in a fetch task is transient, 75; a terminal error, 2, is not retried)."""
+    import js_etl.jetstream.errors  # noqa: F401  (registers the JetStream error classes)
+
+    classes = {cls.__name__: cls for cls in _subclasses(JsEtlError)}
     text = str(error)
     for line in reversed(text.splitlines()):
-        line = line.strip()
-        if line.startswith("js_etl.") and "Error: " in line:
-            return line.removeprefix("js_etl.").split(".", 2)[-1]
-    first = text.strip().splitlines()[0] if text.strip() else ""
-    return f"{type(error).__name__}: {first}"[:500]
+        match = _EXECUTOR_ERROR.match(line.strip())
+        if match and match.group(1) in classes:
+            return f"{match.group(1)}: {match.group(2)}", classes[match.group(1)].exit_code
+    lines = text.strip().splitlines() or [""]
+    if "Traceback (most recent call last)" in text:  # an executor's Python error: its last line
+        return lines[-1].strip()[:500], 1
+    return f"{type(error).__name__}: {lines[0]}"[:500], 1
+
+
+def _subclasses(cls: type) -> list[type]:
+    return [sub for direct in cls.__subclasses__() for sub in (direct, *_subclasses(direct))]
 
 
 def spark_session(config: JobConfig, *, spark_submit: bool) -> SparkSession:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from js_etl.errors import TerminalError
+from js_etl.jetstream.errors import NatsUnavailableError
 from js_etl.jetstream.publish import publish, wait_for_messages
 
 REPO = Path(__file__).resolve().parents[1]
@@ -107,3 +109,31 @@ def test_spark_submit_job_drains_with_delta_jars(stream_with_messages, nats_serv
                   str(REPO / "jobs" / "drain_to_delta.py"), *args)
     assert missing.returncode == 2
     assert "--jars" in (missing.stdout + missing.stderr)
+
+
+def _fail_on_executor(error: Exception):
+    def task(batches):
+        for _ in batches:
+            pass
+        raise error
+        yield  # a generator, as mapInArrow wants
+
+    return task
+
+
+@pytest.mark.parametrize("error, reason, code", [
+    (NatsUnavailableError("cannot connect to NATS at nats://10.0.0.9:4222: refused"),
+     "NatsUnavailableError: cannot connect to NATS at nats://10.0.0.9:4222: refused", 75),
+    (TerminalError("ack subject 'a.b' does not start with '$JS.ACK.S.C': acks would be lost"),
+     "TerminalError: ack subject 'a.b' does not start with '$JS.ACK.S.C': acks would be lost", 2),
+    (RuntimeError("disk full"), "RuntimeError: disk full", 1),
+])
+def test_an_executor_error_keeps_its_reason_and_exit_code(spark, error, reason, code):
+    from js_etl.cli import failure_reason
+
+    with pytest.raises(Exception) as raised:  # Spark wraps it: PythonException / Py4JJavaError
+        spark.range(1).mapInArrow(_fail_on_executor(error), "id long").collect()
+
+    assert not isinstance(raised.value, type(error))
+    got_reason, got_code = failure_reason(raised.value)
+    assert (got_reason, got_code) == (reason, code)
