@@ -56,7 +56,7 @@ def test_defaults() -> None:
     assert cfg.source.create_consumer is False
     assert cfg.source.filter_subjects == []
     assert cfg.source.max_ack_pending is None
-    assert (cfg.fetch.partitions, cfg.fetch.batch) == (2, 1000)
+    assert (cfg.fetch.partitions, cfg.fetch.batch) == (2, 4000)
     assert cfg.fetch.max_bytes == 8_388_608
     assert cfg.fetch.partition_max_bytes == 128 * 1024**2
     assert cfg.fetch.pull_timeout == 5.0
@@ -77,7 +77,7 @@ def test_job_id_and_as_dict_is_json() -> None:
     assert cfg.job_id == "js-etl:ORDERS:orders_to_delta"
     data = cfg.as_dict()
     assert json.loads(json.dumps(data)) == data
-    assert data["fetch"]["batch"] == 1000
+    assert data["fetch"]["batch"] == 4000
     assert data["nats"]["tls"] == {"ca_file": None, "cert_file": None, "key_file": None}
 
 
@@ -143,8 +143,8 @@ def test_no_file_everything_from_env_and_flags() -> None:
 
 
 def test_empty_yaml_file_and_empty_section(tmp_path: Path) -> None:
-    assert load(path=write(tmp_path, "")).fetch.batch == 1000
-    assert load(path=write(tmp_path, "nats:\nfetch:\n", "b.yaml")).fetch.batch == 1000
+    assert load(path=write(tmp_path, "")).fetch.batch == 4000
+    assert load(path=write(tmp_path, "nats:\nfetch:\n", "b.yaml")).fetch.batch == 4000
 
 
 def test_env_overrides_yaml_and_set_overrides_env(tmp_path: Path) -> None:
@@ -165,7 +165,7 @@ def test_env_nested_and_lowercased_and_prefix_only() -> None:
     }
     cfg = load(env=env)
     assert cfg.nats.tls.ca_file == "/ca.pem"
-    assert cfg.fetch.batch == 1000
+    assert cfg.fetch.batch == 4000
 
 
 def test_env_whole_section_then_key() -> None:
@@ -524,7 +524,7 @@ def test_null_means_default(tmp_path: Path) -> None:
         "target: {path: /p, partition_by: [a]}\n",
     )
     cfg = load_config(path, overrides=["fetch.batch=null", "target.partition_by=~"], environ={})
-    assert (cfg.fetch.batch, cfg.target.partition_by) == (1000, [])
+    assert (cfg.fetch.batch, cfg.target.partition_by) == (4000, [])
     cfg = load_config(path, environ={"JS_ETL__TARGET__PATH": "", "JS_ETL__TARGET__TABLE": "t"})
     assert (cfg.target.path, cfg.target.table) == (None, "t")
     with pytest.raises(ConfigError, match=r"^fetch\.batch: expected a positive integer, got null$"):

@@ -199,6 +199,21 @@ def test_max_ack_pending_below_partitions_times_batch(spark, js, names, nats_ser
     assert seqs(spark, tmp_path / "table") == list(range(1, 201))
 
 
+def test_consumer_pull_limits_cap_every_pull(spark, js, names, nats_server, tmp_path):
+    # A consumer with max_batch / max_bytes refuses larger pulls (409): the drain asks for less.
+    add_stream(js, names)
+    js.run(js.admin.create_consumer(names.stream, ConsumerConfig(
+        durable_name=names.consumer, ack_wait=60, max_batch=7, max_bytes=2048)))
+    publish_and_wait(js, names, [(f"{names.prefix}.m", b"x" * 300) for _ in range(60)])
+    config = make_config(names, nats_server, tmp_path, "fetch.batch=100", "fetch.max_bytes=1MiB")
+
+    report = run_drain(spark, config)
+
+    assert report.messages_written == 60
+    assert seqs(spark, tmp_path / "table") == list(range(1, 61))
+    assert consumer_state(js, names) == (0, 0)
+
+
 def test_budgets_stop_early_and_the_next_run_continues(spark, js, names, nats_server, tmp_path):
     add_stream(js, names)
     publish_and_wait(js, names, [(f"{names.prefix}.b", b"%d" % i) for i in range(100)])

@@ -72,7 +72,8 @@ MAX_RELEASE = 1_000_000  # widest (ack floor, delivered] window the fence NAKs s
 @dataclass(frozen=True, slots=True)
 class RoundSize:
     partitions: int
-    batch: int
+    batch: int  # messages per pull
+    max_bytes: int  # bytes per pull
     partition_messages: int
     partition_bytes: int
 
@@ -85,21 +86,29 @@ def min_ack_wait(config: JobConfig) -> float:
 
 def plan_round(config: JobConfig, info: ConsumerInfo, *, messages_left: float,
                bytes_left: float) -> RoundSize | None:
-    """Size one round so partitions × batch never exceed the consumer's ack-pending headroom.
+    """Size one round so partitions × batch never exceed the consumer's ack-pending headroom,
+    and no pull asks for more than the consumer allows (its ``max_batch`` / ``max_bytes``; the
+    server refuses such a pull with 409).
 
     Returns None when there is no headroom at all (every ack-pending slot taken).
     """
-    fetch = config.fetch
-    limit = info.config.max_ack_pending
+    fetch, consumer = config.fetch, info.config
+    limit = consumer.max_ack_pending
     headroom = float("inf") if not limit or limit < 0 else limit - info.num_ack_pending
     budget = min(headroom, messages_left)
     if budget < 1:
         return None
     partitions = int(min(fetch.partitions, budget))
     partition_messages = int(min(budget / partitions, 2**31 - 1))
-    batch = max(1, min(fetch.batch, partition_messages))
+    batch = max(1, min(fetch.batch, partition_messages, _limit(consumer.max_batch)))
+    max_bytes = int(min(fetch.max_bytes, _limit(consumer.max_bytes)))
     partition_bytes = int(min(fetch.partition_max_bytes, max(bytes_left / partitions, 1)))
-    return RoundSize(partitions, batch, partition_messages, partition_bytes)
+    return RoundSize(partitions, batch, max_bytes, partition_messages, partition_bytes)
+
+
+def _limit(value: int | None) -> float:
+    """A consumer limit where 0, -1 and unset mean none."""
+    return value if value and value > 0 else float("inf")
 
 
 def poison_threshold(configured: int | None, server_max_deliver: int | None) -> int | None:
@@ -358,7 +367,7 @@ class Drain:
         ack_wait = info.config.ack_wait or DEFAULT_ACK_WAIT
         plan = FetchPlan(
             options=self.options, stream=self.source.stream, consumer=self.source.consumer,
-            ack_prefix=self.ack_prefix, batch=size.batch, max_bytes=self.config.fetch.max_bytes,
+            ack_prefix=self.ack_prefix, batch=size.batch, max_bytes=size.max_bytes,
             partition_messages=size.partition_messages, partition_bytes=size.partition_bytes,
             stop_after_seq=self.report.target_seq or 2**63 - 1,
             pull_timeout=self.config.fetch.pull_timeout,

@@ -1,0 +1,53 @@
+"""How a drain sizes a round (pure logic, no server, no Spark)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from js_etl.config import load_config
+from js_etl.jetstream import ConsumerInfo
+from js_etl.spark.drain import RoundSize, plan_round
+
+MiB = 1 << 20
+INF = float("inf")
+
+
+def info(ack_pending: int = 0, **config: Any) -> ConsumerInfo:
+    return ConsumerInfo.from_response({
+        "stream_name": "S", "name": "c",
+        "config": {"durable_name": "c", "ack_policy": "explicit", **config},
+        "delivered": {"consumer_seq": 0, "stream_seq": 0}, "ack_floor": {"consumer_seq": 0,
+                                                                          "stream_seq": 0},
+        "num_ack_pending": ack_pending, "num_redelivered": 0, "num_waiting": 0,
+        "num_pending": 10_000})
+
+
+def plan(consumer: ConsumerInfo, *overrides: str, messages_left: float = INF,
+         bytes_left: float = INF) -> RoundSize | None:
+    config = load_config(None, ["source.stream=S", "source.consumer=c", "target.path=/t",
+                                "fetch.partitions=2", "fetch.batch=1000", "fetch.max_bytes=8MiB",
+                                "fetch.partition_max_bytes=128MiB", *overrides], environ={})
+    return plan_round(config, consumer, messages_left=messages_left, bytes_left=bytes_left)
+
+
+def test_unlimited_consumer_gets_the_configured_sizes():
+    assert plan(info(max_ack_pending=-1)) == RoundSize(2, 1000, 8 * MiB, 2**31 - 1, 128 * MiB)
+
+
+def test_ack_pending_headroom_caps_the_round_and_the_pulls():
+    # 1,000 slots, 200 taken: 800 left for two partitions.
+    assert plan(info(200, max_ack_pending=1000)) == RoundSize(2, 400, 8 * MiB, 400, 128 * MiB)
+
+
+def test_no_headroom_plans_no_round():
+    assert plan(info(1000, max_ack_pending=1000)) is None
+
+
+def test_consumer_pull_limits_cap_each_pull():
+    size = plan(info(max_ack_pending=-1, max_batch=250, max_bytes=MiB))
+    assert (size.batch, size.max_bytes) == (250, MiB)
+
+
+def test_run_budgets_shrink_the_last_round():
+    size = plan(info(max_ack_pending=-1), messages_left=3, bytes_left=10 * MiB)
+    assert size == RoundSize(2, 1, 8 * MiB, 1, 5 * MiB)
