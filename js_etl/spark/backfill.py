@@ -45,8 +45,9 @@ Duplicates — what we rely on:
   (and refused if it lies wholly above it): the drain and the backfill then write disjoint
   sequences, now and later. To load history *before* a drain takes over, create or ``rewind`` the
   durable consumer to start after the range first.
-* **Rows and dead letters** come from the same fetch: the :class:`~js_etl.spark.decode.Decoder` splits it, and each half is
-  merged into its own table on ``(stream, seq)``.
+* **Rows and dead letters** come from the same fetch: the
+  :class:`~js_etl.spark.decode.Decoder` splits it, and each half is merged into its own table on
+  ``(stream, seq)``.
 
 Backfill commits are tagged (``userMetadata``) with job ``js-etl-backfill:<stream>:<consumer>``,
 never with the drain's job id, so a drain's fence never mistakes backfilled rows (whose

@@ -80,7 +80,7 @@ class Decoder:
         flagged = flagged.withColumn("error", error).withColumn(PAYLOAD_BYTES, F.length("data"))
         if self.fmt == "json":
             # Good rows need only their parsed fields: keeping the raw payload for dead letters
-            # only halves what a round holds (profiled at 1M x 256 B: 3.0 s -> 2.3 s).
+            # only halves what a round holds.
             flagged = flagged.withColumn("data",
                                          F.when(F.col("error").isNotNull(), F.col("data")))
         return flagged

@@ -93,8 +93,7 @@ def plan_round(config: JobConfig, info: ConsumerInfo, *, messages_left: float,
     Returns None when there is no headroom at all (every ack-pending slot taken).
     """
     fetch, consumer = config.fetch, info.config
-    limit = consumer.max_ack_pending
-    headroom = float("inf") if not limit or limit < 0 else limit - info.num_ack_pending
+    headroom = _limit(consumer.max_ack_pending) - info.num_ack_pending
     budget = min(headroom, messages_left)
     if budget < 1:
         return None
