@@ -345,6 +345,11 @@ def _client_child(index: int, url: str, stream: str, durable: str, batch: int, m
                     received += await acker.ack([m.reply for m in result.messages])
                 if result.end is PullEnd.NO_MESSAGES:
                     return received, pulls, []
+                if result.end is PullEnd.REQUESTS_PENDING:
+                    # The other process's pull asks for more than is left: it is being served;
+                    # ask again (404 once the stream is drained).
+                    await asyncio.sleep(0.001)
+                    continue
                 if result.end not in (PullEnd.BATCH_FULL, PullEnd.BYTES_FULL):
                     return received, pulls, [f"pull ended {result.end.value} ({result.status})"]
 
