@@ -62,7 +62,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -327,40 +327,23 @@ async def _connect(url: str, name: str) -> JetStreamConnection:
     return await JetStreamConnection.open(ConnectionOptions(servers=(url,), name=name))
 
 
-def _client_child(index: int, url: str, stream: str, durable: str, batch: int, max_bytes: int,
-                  pull_timeout: float, events: Any, go: Any) -> None:
-    """Client-limit leg, one process: pull + ack until 404, counting, payloads discarded."""
+def _nats_child(index: int, url: str, name: str, events: Any, go: Any,
+                prepare: Callable[[JetStreamConnection], Callable[[], Awaitable[dict[str, Any]]]]
+                ) -> None:
+    """The run_children protocol for a leg that drains over one NATS connection: connect,
+    ``prepare(conn)`` the leg's drain, report ready, wait for go, then time the drain (wall and
+    CPU) and report its result."""
     loop = asyncio.new_event_loop()
     conn = None
     try:
-        conn = loop.run_until_complete(_connect(url, f"js-etl-bench-client-{index}"))
-        puller, acker = Puller(conn, stream, durable), Acker(conn)
-
-        async def drain() -> tuple[int, int, list[str]]:
-            received = pulls = 0
-            while True:
-                result = await puller.pull(batch, max_bytes=max_bytes, timeout=pull_timeout)
-                pulls += 1
-                if result.messages:
-                    received += await acker.ack([m.reply for m in result.messages])
-                if result.end is PullEnd.NO_MESSAGES:
-                    return received, pulls, []
-                if result.end is PullEnd.REQUESTS_PENDING:
-                    # The other process's pull asks for more than is left: it is being served;
-                    # ask again (404 once the stream is drained).
-                    await asyncio.sleep(0.001)
-                    continue
-                if result.end not in (PullEnd.BATCH_FULL, PullEnd.BYTES_FULL):
-                    return received, pulls, [f"pull ended {result.end.value} ({result.status})"]
-
+        conn = loop.run_until_complete(_connect(url, name))
+        drain = prepare(conn)
         events.put(("ready", index, None))
         go.wait()
         cpu0, start = time.process_time(), time.monotonic()
-        received, pulls, problems = loop.run_until_complete(drain())
-        end = time.monotonic()
-        events.put(("done", index, {"received": received, "pulls": pulls, "start": start,
-                                    "end": end, "cpu": time.process_time() - cpu0,
-                                    "problems": problems}))
+        result = loop.run_until_complete(drain())
+        events.put(("done", index, {**result, "start": start, "end": time.monotonic(),
+                                    "cpu": time.process_time() - cpu0}))
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which fails the leg
         events.put(("error", index, f"{type(e).__name__}: {e}"))
     finally:
@@ -369,13 +352,45 @@ def _client_child(index: int, url: str, stream: str, durable: str, batch: int, m
         loop.close()
 
 
+async def _pull_until_empty(conn: JetStreamConnection, stream: str, durable: str, batch: int,
+                            max_bytes: int, pull_timeout: float,
+                            handle: Callable[[list[Any]], None] = lambda messages: None
+                            ) -> dict[str, Any]:
+    """Pull, ``handle`` each batch, ack it (one write + one flush), until 404."""
+    puller, acker = Puller(conn, stream, durable), Acker(conn)
+    received = pulls = 0
+    while True:
+        result = await puller.pull(batch, max_bytes=max_bytes, timeout=pull_timeout)
+        pulls += 1
+        if result.messages:
+            handle(result.messages)
+            received += await acker.ack([m.reply for m in result.messages])
+        if result.end is PullEnd.NO_MESSAGES:
+            return {"received": received, "pulls": pulls, "problems": []}
+        if result.end is PullEnd.REQUESTS_PENDING:
+            # Another process's pull asks for more than is left: it is being served; ask
+            # again (404 once the stream is drained).
+            await asyncio.sleep(0.001)
+            continue
+        if result.end not in (PullEnd.BATCH_FULL, PullEnd.BYTES_FULL):
+            return {"received": received, "pulls": pulls,
+                    "problems": [f"pull ended {result.end.value} ({result.status})"]}
+
+
+def _client_child(index: int, url: str, stream: str, durable: str, batch: int, max_bytes: int,
+                  pull_timeout: float, events: Any, go: Any) -> None:
+    """Client-limit leg, one process: pull + ack until 404, counting, payloads discarded."""
+    _nats_child(index, url, f"js-etl-bench-client-{index}", events, go,
+                lambda conn: lambda: _pull_until_empty(conn, stream, durable, batch, max_bytes,
+                                                       pull_timeout))
+
+
 def _peer_child(index: int, url: str, stream: str, durable: str, table: str, batch: int,
                 max_bytes: int, pull_timeout: float, events: Any, go: Any) -> None:
     """Simple-peer leg: pull a batch → pyarrow table (JSON decoded by pyarrow) → deltalake
     append → ack, in one process."""
-    loop = asyncio.new_event_loop()
-    conn = None
-    try:
+
+    def prepare(conn: JetStreamConnection) -> Callable[[], Awaitable[dict[str, Any]]]:
         import pyarrow as pa
         import pyarrow.compute as pc
         import pyarrow.json as pj
@@ -384,10 +399,10 @@ def _peer_child(index: int, url: str, stream: str, durable: str, table: str, bat
         schema = pa.schema([("id", pa.int64()), ("kind", pa.string()),
                             ("amount", pa.float64()), ("pad", pa.string())])
         parse = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
-        conn = loop.run_until_complete(_connect(url, "js-etl-bench-peer"))
-        puller, acker = Puller(conn, stream, durable), Acker(conn)
+        writes = 0
 
-        def to_table(messages: list[Any]) -> Any:
+        def write(messages: list[Any]) -> None:
+            nonlocal writes
             n = len(messages)
             seqs, cseqs, delivered, stamps = [0] * n, [0] * n, [0] * n, [0] * n
             for i, m in enumerate(messages):
@@ -398,7 +413,7 @@ def _peer_child(index: int, url: str, stream: str, durable: str, table: str, bat
             if decoded.num_rows != n:
                 raise RuntimeError(f"pyarrow decoded {decoded.num_rows} rows from {n} messages")
             published = pa.array(stamps, pa.timestamp("us", tz="UTC"))
-            return pa.table({
+            write_deltalake(table, pa.table({
                 "subject": pa.array([m.subject for m in messages], pa.string()),
                 "seq": pa.array(seqs, pa.int64()),
                 "consumer_seq": pa.array(cseqs, pa.int64()),
@@ -406,38 +421,17 @@ def _peer_child(index: int, url: str, stream: str, durable: str, table: str, bat
                 "published_at": published,
                 **{name: decoded.column(name) for name in schema.names},
                 "date": pc.cast(published, pa.date32()),
-            })
+            }), mode="append", partition_by=["date"])
+            writes += 1
 
-        async def drain() -> tuple[int, int, int, list[str]]:
-            received = pulls = writes = 0
-            while True:
-                result = await puller.pull(batch, max_bytes=max_bytes, timeout=pull_timeout)
-                pulls += 1
-                if result.messages:
-                    write_deltalake(table, to_table(result.messages), mode="append",
-                                    partition_by=["date"])
-                    writes += 1
-                    received += await acker.ack([m.reply for m in result.messages])
-                if result.end is PullEnd.NO_MESSAGES:
-                    return received, pulls, writes, []
-                if result.end not in (PullEnd.BATCH_FULL, PullEnd.BYTES_FULL):
-                    return received, pulls, writes, [
-                        f"pull ended {result.end.value} ({result.status})"]
+        async def drain() -> dict[str, Any]:
+            result = await _pull_until_empty(conn, stream, durable, batch, max_bytes,
+                                             pull_timeout, write)
+            return {**result, "writes": writes}
 
-        events.put(("ready", index, None))
-        go.wait()
-        cpu0, start = time.process_time(), time.monotonic()
-        received, pulls, writes, problems = loop.run_until_complete(drain())
-        end = time.monotonic()
-        events.put(("done", index, {"received": received, "pulls": pulls, "writes": writes,
-                                    "start": start, "end": end,
-                                    "cpu": time.process_time() - cpu0, "problems": problems}))
-    except BaseException as e:  # noqa: BLE001 - reported to the parent, which fails the leg
-        events.put(("error", index, f"{type(e).__name__}: {e}"))
-    finally:
-        if conn is not None:
-            loop.run_until_complete(conn.close())
-        loop.close()
+        return drain
+
+    _nats_child(index, url, "js-etl-bench-peer", events, go, prepare)
 
 
 def _memory_child(index: int, overrides: list[str], warmup: list[str] | None, n: int,
