@@ -60,15 +60,9 @@ class _RawClient(nats.aio.client.Client):
 
     async def publish_many(self, subjects: Iterable[str], payload: bytes) -> int:
         """Queue one PUB per subject (same payload) as a single write; returns the count."""
-        if not self.is_connected:
-            raise NatsUnavailableError("not connected to NATS: cannot publish acks")
         tail = b" %d\r\n" % len(payload) + payload + b"\r\n"
         commands = [b"PUB " + s.encode() + tail for s in subjects]
-        if commands:
-            await self._send_command(b"".join(commands))
-            await self._flush_pending()
-            self.stats["out_msgs"] += len(commands)
-        return len(commands)
+        return await self.publish_block(b"".join(commands), len(commands))
 
 
 class JetStreamConnection:
