@@ -36,6 +36,8 @@ class RunReport:
     reacked_at_start: int = 0  # rows of an earlier, unfinished round acked by the fence
     released_at_start: int = 0  # deliveries of a dead run the fence NAKed back (ack-pending seen)
     released_at_end: int = 0  # this run's uncommitted deliveries (failed tasks) NAKed back
+    duplicates_dropped: int = 0  # second copies of a seq fetched within one round (not written)
+    already_committed: int = 0  # fetched again though a table held them: acked, not rewritten
     stopped_because: str = ""
     seconds: float = 0.0
     phase_seconds: dict[str, float] = field(default_factory=dict)

@@ -191,9 +191,8 @@ def test_a_concurrent_append_makes_the_merge_retry_instead_of_duplicating(
             "subject STRING, stream STRING, seq BIGINT, consumer_seq BIGINT, "
             "num_delivered BIGINT, published_at TIMESTAMP, headers MAP<STRING, ARRAY<STRING>>, "
             "data BINARY")
-        DeltaTarget(str(table)).append(rows, CommitTag(config.job_id, "r", 1, "$JS.ACK.x.y",
-                                                       40, 45), partition_by=[],
-                                       merge_schema=False)
+        tag = CommitTag(config.job_id, "r", 1, "$JS.ACK.x.y", 40, 45)
+        DeltaTarget(str(table)).append(spark, rows, tag, partition_by=[], merge_schema=False)
         (tmp_path / "appended").touch()
 
     monkeypatch.setattr(backfill_module, "with_partition_columns", gated)

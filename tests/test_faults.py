@@ -321,7 +321,7 @@ def test_overflow_helper_drains_only_above_min_pending(spark, js, names, nats_se
     quiet = run_drain(spark, config_for(names, nats_server.url, table,
                                         "source.priority_group=spill",
                                         "source.min_pending=1000"))
-    assert quiet.messages_written == 0 and quiet.stopped_because == "drained"
+    assert quiet.messages_written == 0 and quiet.stopped_because == "below_min_pending"
     assert js.consumer_info(names.stream, names.consumer).num_pending == 120
 
     busy = run_drain(spark, config_for(names, nats_server.url, table,

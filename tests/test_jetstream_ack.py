@@ -195,15 +195,44 @@ def test_late_ack_on_rebuilt_subject_of_an_earlier_delivery(js, js2, names, stre
 def test_ack_block_is_the_pub_commands_of_ack_subject_back_to_back():
     import pyarrow as pa
 
-    from js_etl.jetstream.ack import ACK, ack_block, term_body
+    from js_etl.jetstream.ack import ACK, AckBlock, ack_block, term_body
 
     delivered, seqs, cseqs = [1, 3, 1], [7, 12, 900_000_001], [2, 5, 6]
     columns = [pa.array(c, pa.int64()) for c in (delivered, seqs, cseqs)]
-    expected = b"".join(b"PUB %s 4\r\n+ACK\r\n" % ack_subject("$JS.ACK.S.c", d, s, c).encode()
-                        for d, s, c in zip(delivered, seqs, cseqs, strict=True))
-    assert ack_block("$JS.ACK.S.c", *columns, ACK) == expected
-    # A slice (non-zero offset) and a non-ASCII body
+    subjects = [ack_subject("$JS.ACK.S.c", d, s, c)
+                for d, s, c in zip(delivered, seqs, cseqs, strict=True)]
+    expected = b"".join(b"PUB %s 4\r\n+ACK\r\n" % s.encode() for s in subjects)
+    block = ack_block("$JS.ACK.S.c", *columns, ACK)
+    assert block == AckBlock(expected, 3, subjects[-1], ACK) == AckBlock.of(subjects, ACK)
+    # A slice (non-zero offset) and a non-ASCII body; a TERM block confirms with +ACK
     body = term_body("not JSON: ü")
-    assert ack_block("$JS.ACK.S.c", *(c[1:2] for c in columns), body) == (
-        b"PUB $JS.ACK.S.c.3.12.5.0.0 %d\r\n%s\r\n" % (len(body), body))
-    assert ack_block("$JS.ACK.S.c", *(c[:0] for c in columns), ACK) == b""
+    one = ack_block("$JS.ACK.S.c", *(c[1:2] for c in columns), body)
+    assert one.commands == b"PUB $JS.ACK.S.c.3.12.5.0.0 %d\r\n%s\r\n" % (len(body), body)
+    assert (one.count, one.last_subject, one.confirm_body) == (1, subjects[1], ACK)
+    assert ack_block("$JS.ACK.S.c", *(c[:0] for c in columns), ACK).count == 0
+
+
+def test_confirmed_block_is_applied_before_the_next_pull(js, js2, names, stream, nats_options):
+    """The ordering every confirmed ack relies on (js_etl/jetstream/ack.py): a NAK block, then
+    an ACK block of the same deliveries, confirmed; a pull from a third connection right after
+    the confirmation must find nothing. Had the server not applied every NAK and ACK sent
+    before the confirmation, the pull would be served NAKed messages (with a flush instead of
+    the confirmation it was: see the ack module)."""
+    from js_etl.jetstream.ack import ACK, AckBlock, nak_body
+
+    consumer(js, stream, names.consumer, max_ack_pending=-1, ack_wait=300)
+    puller = js.puller(stream, names.consumer)
+    with JetStreamSession(nats_options) as js3:
+        other = js3.puller(stream, names.consumer)
+        for _ in range(10):
+            pub(js, f"{names.prefix}.a", 2000)
+            replies: list[str] = []
+            while len(replies) < 2000:
+                replies += [m.reply for m in js.pull(puller, 2000 - len(replies)).messages]
+            naks = AckBlock.of(replies, nak_body())
+            js2.run(js2.conn.nc.publish_block(naks.commands, naks.count))  # not confirmed
+            assert js2.run(js2.acker.send(AckBlock.of(replies, ACK))) == 2000
+            result = js3.pull(other, 2000)
+            assert result.end is PullEnd.NO_MESSAGES and result.messages == []
+    info = js.consumer_info(stream, names.consumer)
+    assert (info.num_ack_pending, info.num_pending, info.ack_floor.stream_seq) == (0, 0, 20_000)

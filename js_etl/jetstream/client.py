@@ -13,7 +13,7 @@ nats-py is pinned exactly in ``pyproject.toml`` because of this hook.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import nats.aio.client
@@ -58,11 +58,6 @@ class _RawClient(nats.aio.client.Client):
             self.stats["out_msgs"] += count
         return count
 
-    async def publish_many(self, subjects: Iterable[str], payload: bytes) -> int:
-        """Queue one PUB per subject (same payload) as a single write; returns the count."""
-        tail = b" %d\r\n" % len(payload) + payload + b"\r\n"
-        commands = [b"PUB " + s.encode() + tail for s in subjects]
-        return await self.publish_block(b"".join(commands), len(commands))
 
 
 class JetStreamConnection:

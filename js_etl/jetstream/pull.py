@@ -212,12 +212,16 @@ class Puller:
                               group=self.group, min_pending=self.min_pending,
                               min_ack_pending=self.min_ack_pending, id=self.pin_id,
                               priority=self.priority)
+        loop = asyncio.get_running_loop()
+        ends = loop.time() + timeout  # the whole call, lone fetch included, ends within timeout
         result = await self._send(request, timeout)
-        if (result.end is PullEnd.BYTES_FULL and not result.messages and max_bytes):
+        left = ends - loop.time()
+        if (result.end is PullEnd.BYTES_FULL and not result.messages and max_bytes
+                and left > 0):
             # 409 with nothing delivered: the next message alone is larger than max_bytes and
             # would block this consumer for ever. Fetch it by itself, without max_bytes.
             lone = await self._send(PullRequest(batch=1, group=self.group, id=self.pin_id,
-                                                priority=self.priority), timeout)
+                                                priority=self.priority), left)
             end = PullEnd.OVERSIZE if lone.messages else lone.end
             return PullResult(lone.messages, end, lone.status or result.status, lone.bytes)
         return result

@@ -1,12 +1,20 @@
-"""Delta writes tagged with the job's identity, and reading back what a commit holds.
+"""Delta writes tagged with the job's identity, and reading back what the table holds.
 
 Every round is one Delta transaction per table, tagged twice:
-* ``txnAppId``/``txnVersion`` = job id / round number (Delta's application transaction: a
-  repeated (app, version) is skipped, so replaying a round can never add its rows twice);
-* ``userMetadata`` = a JSON :class:`CommitTag`, so recovery finds the round in the history.
 
-Acks are built from :func:`committed_keys`: the ``(seq, num_delivered, consumer_seq)`` of the
-files that the round's commit added, read back from the table itself.
+* ``txnAppId``/``txnVersion`` = job id / round number: Delta's *application transaction*. The
+  snapshot keeps the highest version recorded for each app id (a ``txn`` action, carried through
+  checkpoints), so :meth:`DeltaTarget.job_round` reads the job's last round from the snapshot
+  itself, however many other commits (other writers, OPTIMIZE, VACUUM, backfills) came after it.
+  Delta silently skips an append whose ``txnVersion`` is at or below the recorded one (reference
+  §13), so round numbers must come from there, never from a window of the history, and every
+  append is checked afterwards (:meth:`DeltaTarget.append` raises if it was skipped);
+* ``userMetadata`` = a JSON :class:`CommitTag`, for people and audits reading the history.
+
+Acks are built from :func:`committed_keys`: the ``(seq, num_delivered, consumer_seq)`` of the rows
+the table holds for a round's sequences, read *through Delta* (logical column names, deletion
+vectors, files rewritten by OPTIMIZE: whatever the table's features, a read of the current
+snapshot is what was committed), never from the fetch.
 """
 
 from __future__ import annotations
@@ -14,19 +22,25 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote
+
+from js_etl.errors import TerminalError
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
 ACK_KEY_COLUMNS = ("seq", "num_delivered", "consumer_seq")
+# Columns every table js-etl writes carries, with their Spark types: the fence and the acks
+# read them by name, so a table without them is refused before anything is fetched.
+REQUIRED_COLUMNS = {"stream": "string", "seq": "bigint", "consumer_seq": "bigint",
+                    "num_delivered": "bigint"}
 
 
 @dataclass(frozen=True, slots=True)
 class CommitTag:
     job: str  # "js-etl:<stream>:<consumer>"
     run: str  # this run's id
-    round: int  # global round number of the job: also the Delta txnVersion
+    round: int  # round number of the job: also the Delta txnVersion
     ack_prefix: str  # "$JS.ACK.<stream>.<consumer>": acks are rebuilt with it
     first_seq: int  # lowest and highest stream sequence fetched in the round
     last_seq: int
@@ -71,8 +85,50 @@ class DeltaTarget:
             return self.path.rstrip("/")
         return str(self.delta_table(spark).detail().first()["location"]).rstrip("/")
 
-    def append(self, df: DataFrame, tag: CommitTag, *, partition_by: list[str],
-               merge_schema: bool) -> None:
+    def read(self, spark: SparkSession) -> DataFrame:
+        """The current snapshot, through Delta."""
+        reader = spark.read.format("delta")
+        return reader.table(self.table) if self.table else reader.load(self.path)
+
+    def check_columns(self, spark: SparkSession) -> None:
+        """Refuse an existing table js-etl cannot fence and ack from (module docstring)."""
+        if not self.exists(spark):
+            return
+        types = {f.name.lower(): f.dataType.simpleString()
+                 for f in self.read(spark).schema.fields}
+        wrong = [f"{name} {kind}" for name, kind in REQUIRED_COLUMNS.items()
+                 if types.get(name) != kind]
+        if wrong:
+            raise TerminalError(
+                f"table {self} is not a js-etl table: it needs the columns {', '.join(wrong)} "
+                "(the fence and the acks read them); write into a new table or path")
+
+    def _snapshot(self, spark: SparkSession) -> Any:
+        """Delta's own, freshly updated snapshot of the table (the one its writer uses)."""
+        jvm = spark._jvm  # type: ignore[attr-defined]
+        log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(
+            spark._jsparkSession, self.location(spark))  # type: ignore[attr-defined]
+        none = jvm.scala.Option.empty()
+        return log.update(False, none, none)
+
+    def job_round(self, spark: SparkSession, job: str) -> tuple[int, int]:
+        """``(last round of job, table version)`` from the snapshot's application transactions;
+        ``(0, -1)`` for a table that does not exist yet."""
+        if not self.exists(spark):
+            return 0, -1
+        snapshot = self._snapshot(spark)
+        recorded = snapshot.transactions().get(job)
+        return (int(recorded.get()) if recorded.isDefined() else 0), int(snapshot.version())
+
+    def append(self, spark: SparkSession, df: DataFrame, tag: CommitTag, *,
+               partition_by: list[str], merge_schema: bool) -> int:
+        """Append ``df`` as round ``tag.round`` of the job; returns the commit's version.
+
+        Raises TerminalError if Delta did not record the round: it skips an append whose
+        ``txnVersion`` is not above the recorded one without a word, and that would lose the
+        round's rows while the run went on to ack them.
+        """
+        _, before = self.job_round(spark, tag.job)
         writer = (df.write.format("delta").mode("append")
                   .option("txnAppId", tag.job).option("txnVersion", str(tag.round))
                   .option("userMetadata", tag.to_json()))
@@ -84,46 +140,55 @@ class DeltaTarget:
             writer.saveAsTable(self.table)
         else:
             writer.save(self.path)
+        recorded, after = self.job_round(spark, tag.job)
+        if recorded != tag.round:
+            raise TerminalError(
+                f"Delta did not record round {tag.round} of {tag.job} in {self} (it holds round "
+                f"{recorded}): the append was skipped; nothing of this round is acked")
+        return self._version_of(spark, tag, before + 1, after)
 
-    def job_commits(self, spark: SparkSession, job: str, limit: int = 50
-                    ) -> list[tuple[int, CommitTag]]:
-        """Commits of ``job`` among the table's newest ``limit`` commits, newest first."""
-        if not self.exists(spark):
-            return []
-        rows = self.delta_table(spark).history(limit).select("version", "userMetadata").collect()
-        tagged = ((int(r["version"]), CommitTag.from_json(r["userMetadata"])) for r in rows)
-        return [(v, t) for v, t in tagged if t is not None and t.job == job]
-
-    def commit_of(self, spark: SparkSession, tag: CommitTag) -> int | None:
-        """The version that holds this round, or None (nothing was committed for it)."""
-        # Concurrent writers (a backfill's MERGE) may have committed after this round.
-        for version, found in self.job_commits(spark, tag.job, limit=50):
-            if found.round == tag.round:
-                return version
-        return None
+    def _version_of(self, spark: SparkSession, tag: CommitTag, first: int, last: int) -> int:
+        """The version in ``first..last`` whose commit carries ``tag`` (other writers may have
+        committed around ours)."""
+        if first >= last:
+            return last
+        location = self.location(spark)
+        for version in range(last, first - 1, -1):
+            for action in log_actions(spark, location, version):
+                info = action.get("commitInfo")
+                if info and CommitTag.from_json(info.get("userMetadata")) == tag:
+                    return version
+        return last
 
 
-def committed_keys(spark: SparkSession, target: DeltaTarget, version: int, *,
-                   with_error: bool = False) -> Any:
-    """``(seq, num_delivered, consumer_seq[, error])`` of the rows that commit ``version`` added,
-    as a pyarrow Table. Read from the table's own files, never from the fetch that produced
-    them."""
+def committed_keys(spark: SparkSession, table: DeltaTarget, stream: str, first: int, last: int,
+                   *, seqs: DataFrame | None = None, with_error: bool = False) -> pa.Table:
+    """``(seq, num_delivered, consumer_seq[, error])`` of the rows ``table`` holds for ``stream``
+    in ``first..last`` (only those whose seq is in ``seqs``, when given), read through Delta.
+
+    The range filter lets Delta skip every file whose ``seq`` statistics lie outside it, so a
+    round's check reads only the files of the rounds around it.
+    """
     import pyarrow as pa
+    from pyspark.sql import functions as F
 
     columns = (*ACK_KEY_COLUMNS, "error") if with_error else ACK_KEY_COLUMNS
-    empty = pa.table({c: pa.array([], pa.string() if c == "error" else pa.int64())
-                      for c in columns})
-    location = target.location(spark)
-    paths = added_files(spark, location, version)
-    if not paths:
-        return empty
-    files = [p if "://" in p or p.startswith("/") else f"{location}/{unquote(p)}" for p in paths]
-    return spark.read.parquet(*files).select(*columns).toArrow()
+    none = pa.table({c: pa.array([], pa.string() if c == "error" else pa.int64())
+                     for c in columns})
+    if not table.exists(spark):
+        return none
+    rows = table.read(spark).where((F.col("stream") == stream)
+                                   & F.col("seq").between(first, last))
+    if not rows.inputFiles():  # planning applies data skipping: no file can hold the range
+        return none
+    if seqs is not None:
+        rows = rows.join(seqs.select("seq"), "seq", "left_semi")
+    return rows.select(*columns).toArrow()
 
 
-def added_files(spark: SparkSession, location: str, version: int) -> list[str]:
-    """The data files commit ``version`` added: its ``add`` actions, read from the commit file on
-    the driver through Hadoop's FileSystem (any store Spark can write; no Spark job)."""
+def log_actions(spark: SparkSession, location: str, version: int) -> list[dict[str, Any]]:
+    """The actions of commit ``version``, read from its log file on the driver through Hadoop's
+    FileSystem (any store Spark can write; no Spark job)."""
     jvm = spark._jvm  # type: ignore[attr-defined]
     path = jvm.org.apache.hadoop.fs.Path(f"{location}/_delta_log/{version:020d}.json")
     stream = path.getFileSystem(spark._jsc.hadoopConfiguration()).open(path)  # type: ignore
@@ -131,5 +196,4 @@ def added_files(spark: SparkSession, location: str, version: int) -> list[str]:
         text = str(jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
     finally:
         stream.close()
-    actions = (json.loads(line) for line in text.splitlines() if line.strip())
-    return [a["add"]["path"] for a in actions if "add" in a]
+    return [json.loads(line) for line in text.splitlines() if line.strip()]

@@ -57,7 +57,12 @@ class FetchPlan:
     partition_bytes: int  # byte budget of one partition in this round (bounds executor memory)
     stop_after_seq: int  # the run's target: a partition stops once it sees a later message
     pull_timeout: float  # client deadline of one pull
-    fetch_seconds: float  # wall-time budget of the fetch phase (kept well under ack_wait)
+    # The round's one deadline, as wall-clock epoch seconds set by the driver when the round
+    # starts: no pull is sent after it, whenever a task starts (waves beyond the executor
+    # cores, retries, scheduling delays). See js_etl.spark.drain for why it keeps every
+    # delivery of a round inside ack_wait; it assumes executor clocks agree with the
+    # driver's to well under ack_wait / 3 (NTP).
+    deadline: float
     group: str | None = None
     min_pending: int | None = None
     min_ack_pending: int | None = None
@@ -78,7 +83,8 @@ def fetch_partition(plan: FetchPlan, batches: Iterator[pa.RecordBatch]
     """
     for _ in batches:  # the partition's index row carries nothing we need; read it all
         pass
-    started = time.monotonic()
+    if time.time() >= plan.deadline:
+        return  # started too late: this round's window for pulls has closed
     with JetStreamSession(plan.options) as js:
         depth = 1 if plan.group else 2
         pullers = [js.puller(plan.stream, plan.consumer, group=plan.group,
@@ -95,7 +101,7 @@ def fetch_partition(plan: FetchPlan, batches: Iterator[pa.RecordBatch]
                     room = plan.partition_messages - got - sum(n for _, n in in_flight)
                     if room <= 0 or size + len(in_flight) * plan.max_bytes >= plan.partition_bytes:
                         break
-                    if time.monotonic() - started > plan.fetch_seconds:
+                    if time.time() >= plan.deadline:
                         stop = True  # keep the round well inside ack_wait: no redelivery
                         break
                     n = min(plan.batch, room)

@@ -7,17 +7,32 @@ takes ``<table>/_js_etl/<consumer>.lock`` before its fence and holds it to the e
 
 Creation is atomic: ``O_CREAT|O_EXCL`` on local paths; Hadoop ``create(overwrite=false)``
 elsewhere (atomic on HDFS and ABFS; on S3 only with conditional writes enabled — see README).
-A lock is *stale* when its heartbeat is older than ``ttl``, or at once when it was taken on this
-host by a process that no longer exists (a SIGKILLed run). A stale lock is taken over.
+
+When is a lock stale, so that a new run may take it over?
+
+* Its heartbeat is older than ``ttl``. A background thread rewrites the heartbeat every
+  ``ttl / 10`` seconds for the whole run, so a long round never looks dead.
+* Or, at once, when the owner certainly died: the lock was taken on this very machine, boot and
+  PID namespace (``/proc/sys/kernel/random/boot_id``, ``/proc/self/ns/pid``) and the owner's pid
+  no longer runs the process that took it (its start time, ``/proc/<pid>/stat`` field 22,
+  differs: a reused pid is not the owner). Two containers share a hostname but not a PID
+  namespace; a rebooted host keeps its hostname but not its boot id: in those cases only the
+  heartbeat can tell.
+
+A run that lost its lock (its heartbeat stalled past ``ttl`` — a suspended VM, a stopped
+process — and another run took over) must not commit or ack: :meth:`TableLock.check` runs before
+every commit and every ack block and raises :class:`RunRefusedError` then.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
+import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
@@ -26,6 +41,33 @@ from js_etl.errors import RunRefusedError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+log = logging.getLogger("js_etl.lock")
+
+LOCK_TTL = 60.0  # seconds without a heartbeat after which a lock is stale
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return None
+
+
+def _process_start(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot (``/proc/<pid>/stat`` field 22)."""
+    stat = _read_text(f"/proc/{pid}/stat")
+    if stat is None:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def _pid_namespace() -> str | None:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,71 +78,118 @@ class LockOwner:
     started: float
     heartbeat: float
     pin_id: str | None = None  # the priority-group pin this run holds, for a successor to UNPIN
+    boot_id: str | None = None
+    pid_namespace: str | None = None
+    pid_start: int | None = None  # the process's start time (clock ticks since boot)
+
+    @classmethod
+    def me(cls, run_id: str) -> LockOwner:
+        now, pid = time.time(), os.getpid()
+        return cls(run_id, socket.gethostname(), pid, now, now,
+                   boot_id=_read_text("/proc/sys/kernel/random/boot_id"),
+                   pid_namespace=_pid_namespace(), pid_start=_process_start(pid))
 
     def alive_here(self) -> bool | None:
-        """True/False when the owner ran on this host; None when we cannot tell."""
-        if self.host != socket.gethostname():
+        """True/False when the owner ran in this machine's boot and PID namespace; None when
+        we cannot tell (another host or container, or a platform without /proc)."""
+        here = LockOwner.me(self.run_id)
+        if None in (self.boot_id, self.pid_namespace, self.pid_start) or (
+                (self.host, self.boot_id, self.pid_namespace)
+                != (here.host, here.boot_id, here.pid_namespace)):
             return None
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        return _process_start(self.pid) == self.pid_start
 
 
 class TableLock:
-    """``with TableLock(spark, location, consumer, run_id, ttl=…) as lock: …``"""
+    """``with TableLock(spark, location, consumer, run_id) as lock: …``"""
 
     def __init__(self, spark: SparkSession, location: str, consumer: str, run_id: str, *,
-                 ttl: float) -> None:
+                 ttl: float = LOCK_TTL) -> None:
         self._files = _files_for(spark, f"{location.rstrip('/')}/_js_etl/{consumer}.lock")
         self.run_id = run_id
         self.ttl = ttl
         self.previous: LockOwner | None = None  # a dead owner we took over from
         self._owner: LockOwner | None = None
+        self._lost: str | None = None  # why we no longer own the lock
+        self._writing = threading.Lock()  # the heartbeat thread and record() both rewrite it
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
 
     def acquire(self) -> TableLock:
-        now = time.time()
-        me = LockOwner(self.run_id, socket.gethostname(), os.getpid(), now, now)
-        if self._files.create_exclusive(_encode(me)):
-            self._owner = me
-            return self
-        holder = _decode(self._files.read())
-        if holder is None or not self._stale(holder):
-            raise RunRefusedError(
-                "another run holds this consumer: " + _describe(holder)
-                + f"; lock {self._files.path} (delete it only if that run is certainly dead)")
-        # Take over a dead run's lock: remove exactly what we read, then race for a fresh one.
-        if self._files.read() == _encode(holder):
-            self._files.delete()
+        me = LockOwner.me(self.run_id)
         if not self._files.create_exclusive(_encode(me)):
-            raise RunRefusedError(f"another run took over the stale lock {self._files.path} "
-                                  "at the same moment")
-        self.previous = holder
+            holder = _decode(self._files.read())
+            if holder is None or not self._stale(holder):
+                raise RunRefusedError(
+                    "another run holds this consumer: " + _describe(holder)
+                    + f"; lock {self._files.path} (delete it only if that run is certainly "
+                    "dead)")
+            # Take over a dead run's lock: remove exactly what we read, then race for a new one.
+            if self._files.read() == _encode(holder):
+                self._files.delete()
+            if not self._files.create_exclusive(_encode(me)):
+                raise RunRefusedError(f"another run took over the stale lock {self._files.path} "
+                                      "at the same moment")
+            self.previous = holder
         self._owner = me
+        self._stop.clear()
+        self._beat = threading.Thread(target=self._heartbeats, name="js-etl-lock-heartbeat",
+                                      daemon=True)
+        self._beat.start()
         return self
 
     def _stale(self, holder: LockOwner) -> bool:
-        alive = holder.alive_here()
-        if alive is not None:
-            return not alive
+        if holder.alive_here() is False:
+            return True
         return time.time() - holder.heartbeat > self.ttl
 
-    def heartbeat(self, *, pin_id: str | None = None) -> None:
-        """Refresh the heartbeat (each round); record the pin id once the run holds one."""
-        if self._owner is None:
-            return
-        owner = LockOwner(**{**asdict(self._owner), "heartbeat": time.time(),
-                             "pin_id": pin_id or self._owner.pin_id})
-        self._files.replace(_encode(owner))
-        self._owner = owner
+    def _heartbeats(self) -> None:
+        while not self._stop.wait(self.ttl / 10):
+            try:
+                self._rewrite()
+            except Exception as e:  # a storage hiccup: try again next beat
+                log.warning("lock heartbeat failed (next try in %.0fs): %s", self.ttl / 10, e)
+
+    def _rewrite(self, **changes: Any) -> None:
+        """Write our owner record with a fresh heartbeat, unless someone else owns the lock."""
+        with self._writing:
+            if self._owner is None or self._lost:
+                return
+            holder = _decode(self._files.read())
+            if holder is None or holder.run_id != self._owner.run_id:
+                self._lost = f"the lock now holds {_describe(holder)}"
+                return
+            owner = replace(self._owner, heartbeat=time.time(), **changes)
+            self._files.replace(_encode(owner))
+            self._owner = owner
+
+    def record(self, *, pin_id: str | None) -> None:
+        """Record the pin id once the run holds one (a successor UNPINs it)."""
+        if pin_id and self._owner is not None and pin_id != self._owner.pin_id:
+            self._rewrite(pin_id=pin_id)
+
+    def check(self) -> None:
+        """Raise RunRefusedError unless this run still owns the lock (before commits and acks)."""
+        with self._writing:  # never read our own half-written heartbeat
+            if self._owner is None:
+                return
+            holder = _decode(self._files.read())
+            if holder is None or holder.run_id != self._owner.run_id:
+                self._lost = self._lost or f"the lock now holds {_describe(holder)}"
+        if self._lost:
+            raise RunRefusedError(f"this run lost its lock {self._files.path} ({self._lost}): "
+                                  "stopping before it commits or acks anything more")
 
     def release(self) -> None:
-        if self._owner is not None and _decode(self._files.read()) == self._owner:
-            self._files.delete()
-        self._owner = None
+        self._stop.set()
+        if self._beat is not None:
+            self._beat.join()
+        with self._writing:
+            if self._owner is not None and not self._lost:
+                holder = _decode(self._files.read())
+                if holder is not None and holder.run_id == self._owner.run_id:
+                    self._files.delete()
+            self._owner = None
 
     def __enter__(self) -> TableLock:
         return self.acquire()
