@@ -8,20 +8,25 @@ it; an unknown name is refused so a typo cannot silently test nothing.
 * ``kill_mid_ack`` — after acking half of the round's committed rows;
 * ``fail_fetch_task`` — the first attempt of every fetch task raises after its first delivered pull
   (Spark retries it; its messages are never committed nor acked);
-* ``fail_write_task`` — the first attempt of each write task raises mid-write.
+* ``fail_write_task`` — the first attempt of each write task raises mid-write;
+* ``stall_before_ack`` — the driver waits ack_wait + 1 s between a round's commit and its acks
+  (a slow write phase: the server has queued the round's messages for redelivery by then);
+* ``late_fetch_tasks`` — every fetch task but the first two starts ack_wait + 1 s late (waves of
+  partitions beyond the cores, retries, scheduling delays).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
 
 from js_etl.errors import ConfigError
 
 ENV = "JS_ETL_FAULT"
 POINTS = frozenset({"kill_after_fetch", "kill_after_commit", "kill_mid_ack", "fail_fetch_task",
-                    "fail_write_task"})
+                    "fail_write_task", "stall_before_ack", "late_fetch_tasks"})
 
 
 class InjectedFault(RuntimeError):
@@ -39,6 +44,23 @@ def kill_here(point: str) -> None:
     """SIGKILL this process if ``point`` is armed: no cleanup, no finally blocks."""
     if armed() == point:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def stall_here(point: str, seconds: float) -> None:
+    """Sleep ``seconds`` if ``point`` is armed (the slow phase a fault test needs)."""
+    if armed() == point:
+        time.sleep(seconds)
+
+
+def start_late(fault: str | None, seconds: float) -> None:
+    """On an executor: a fetch task of partition 2 or later starts ``seconds`` late."""
+    if fault != "late_fetch_tasks":
+        return
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    if context is not None and context.partitionId() >= 2:
+        time.sleep(seconds)
 
 
 def fail_first_attempt(point: str, fault: str | None) -> None:

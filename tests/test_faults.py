@@ -70,11 +70,14 @@ def config_for(names: Any, url: str, table: Path, *extra: str) -> Any:
 
 def assert_exactly_once(spark: Any, js: JetStreamSession, names: Any, table: Path,
                         good: list[int], bad: list[int]) -> None:
-    rows = [r.seq for r in spark.read.format("delta").load(str(table)).select("seq").collect()]
-    assert sorted(rows) == good, "table must hold every good message exactly once"
-    dead_path = Path(f"{table}_dead_letters")
-    dead = ([r.seq for r in spark.read.format("delta").load(str(dead_path)).collect()]
-            if (dead_path / "_delta_log").exists() else [])
+    def seqs(path: Path) -> list[int]:
+        if not (path / "_delta_log").exists():
+            return []
+        rows = spark.read.format("delta").load(str(path)).where(f"stream = '{names.stream}'")
+        return sorted(r.seq for r in rows.select("seq").collect())
+
+    assert seqs(table) == sorted(good), "table must hold every good message exactly once"
+    dead = seqs(Path(f"{table}_dead_letters"))
     assert sorted(dead) == bad, "dead letters must be exactly the poison messages"
     for _ in range(100):  # acks are applied asynchronously
         info = js.consumer_info(names.stream, names.consumer)

@@ -23,11 +23,12 @@ def info(ack_pending: int = 0, **config: Any) -> ConsumerInfo:
 
 
 def plan(consumer: ConsumerInfo, *overrides: str, messages_left: float = INF,
-         bytes_left: float = INF) -> RoundSize | None:
+         bytes_left: float = INF, released: int = 0) -> RoundSize | None:
     config = load_config(None, ["source.stream=S", "source.consumer=c", "target.path=/t",
                                 "fetch.partitions=2", "fetch.batch=1000", "fetch.max_bytes=8MiB",
                                 "fetch.partition_max_bytes=128MiB", *overrides], environ={})
-    return plan_round(config, consumer, messages_left=messages_left, bytes_left=bytes_left)
+    return plan_round(config, consumer, messages_left=messages_left, bytes_left=bytes_left,
+                      released=released)
 
 
 def test_unlimited_consumer_gets_the_configured_sizes():
@@ -41,6 +42,13 @@ def test_ack_pending_headroom_caps_the_round_and_the_pulls():
 
 def test_no_headroom_plans_no_round():
     assert plan(info(1000, max_ack_pending=1000)) is None
+
+
+def test_released_deliveries_are_pulled_even_with_every_slot_taken():
+    # The fence NAKed 300 of the 1,000 deliveries that fill every slot: the server serves its
+    # redelivery queue before it checks max_ack_pending, so a round can fetch those 300.
+    assert plan(info(1000, max_ack_pending=1000), released=300) == RoundSize(
+        2, 150, 8 * MiB, 150, 128 * MiB)
 
 
 def test_consumer_pull_limits_cap_each_pull():

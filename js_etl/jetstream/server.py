@@ -109,21 +109,22 @@ class LocalNatsServer:
         except OSError:
             return "(no log)"
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop the server by its pid (SIGTERM, then SIGKILL) and reap it."""
+    def stop(self, timeout: float = 10.0, *, kill: bool = False) -> None:
+        """Stop the server by its pid (SIGTERM, then SIGKILL; ``kill``: SIGKILL at once, as a
+        crash would) and reap it."""
         proc, self._proc = self._proc, None
         if proc is None or proc.poll() is not None:
             return
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
         try:
             proc.wait(timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
 
-    def restart(self) -> None:
-        """Stop and start again on the same port with the same store (for fault tests)."""
-        self.stop()
+    def restart(self, *, kill: bool = False) -> None:
+        """Stop (``kill``: SIGKILL) and start again on the same port with the same store."""
+        self.stop(kill=kill)
         self.start()
 
     def cleanup(self) -> None:

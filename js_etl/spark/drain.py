@@ -116,15 +116,19 @@ def fetch_seconds(config: JobConfig, ack_wait: float) -> float:
 
 
 def plan_round(config: JobConfig, info: ConsumerInfo, *, messages_left: float,
-               bytes_left: float) -> RoundSize | None:
+               bytes_left: float, released: int = 0) -> RoundSize | None:
     """Size one round so partitions × batch never exceed the consumer's ack-pending headroom,
     and no pull asks for more than the consumer allows (its ``max_batch`` / ``max_bytes``; the
     server refuses such a pull with 409).
 
+    ``released``: messages this run just NAKed. They still count as ack-pending, yet a pull is
+    served them even at the limit (nats-server ``getNextMsg`` serves its redelivery queue before
+    checking ``max_ack_pending``), so they add to the headroom.
+
     Returns None when there is no headroom at all (every ack-pending slot taken).
     """
     fetch, consumer = config.fetch, info.config
-    headroom = _limit(consumer.max_ack_pending) - info.num_ack_pending
+    headroom = _limit(consumer.max_ack_pending) - info.num_ack_pending + released
     budget = min(headroom, messages_left)
     if budget < 1:
         return None
@@ -198,6 +202,8 @@ class Drain:
         self.pinned = False  # the consumer uses a pinned_client group
         self.pin_id: str | None = None  # our pin, once the server gave us one
         self.park_after = config.source.max_deliver
+        self._ack_wait = DEFAULT_ACK_WAIT  # the consumer's, from the last round's plan
+        self._released = 0  # deliveries NAKed since the last round (see plan_round)
         refuse_speculation(spark)
         # Checks decode.schema: a bad schema fails before any pull.
         self.decoder = Decoder(config.decode.format, config.decode.schema)
@@ -231,8 +237,6 @@ class Drain:
             min_ack_wait=min_ack_wait(self.config)))
         refuse_server_max_deliver(info)
         self.pinned = check_priority_settings(self.config, info) is PriorityPolicy.PINNED_CLIENT
-        for table in self.tables:
-            table.check_columns(self.spark)
         self.report.target_seq = stream.state.last_seq
         self.report.pending_before = info.num_pending
         return info
@@ -250,8 +254,7 @@ class Drain:
         report, run = self.report, self.config.run
         with self.report.phase("fence"):
             self._fence(js, info, lock)
-        next_round = 1 + max(table.job_round(self.spark, self.config.job_id)[0]
-                             for table in self.tables)
+        next_round = 0  # read from the tables before the first round: an empty run needs none
         retook_pin = False
         empty_rounds = 0
         while True:
@@ -279,10 +282,14 @@ class Drain:
                 # back now, not after ack_wait.
                 report.released_at_end += self._nak_unacked(js, lock, info, exclude=set())
                 info = js.consumer_info(self.source.stream, self.source.consumer)
+            if not next_round:
+                next_round = self._first_round()
             size = plan_round(self.config, info,
                               messages_left=_left(run.max_messages, report.messages_written
                                                   + report.dead_letters),
-                              bytes_left=_left(run.max_bytes, report.bytes))
+                              bytes_left=_left(run.max_bytes, report.bytes),
+                              released=self._released)
+            self._released = 0
             if size is None:
                 raise TransientError(
                     f"consumer {self.source.stream}/{self.source.consumer} has all "
@@ -317,6 +324,13 @@ class Drain:
             info = js.consumer_info(self.source.stream, self.source.consumer)
         report.pending_after = info.num_pending
         report.ack_pending_after = info.num_ack_pending
+
+    def _first_round(self) -> int:
+        """Refuse tables js-etl cannot fence and ack from, before anything is fetched; the
+        number of this run's first round."""
+        for table in self.tables:
+            table.check_columns(self.spark)
+        return 1 + max(table.job_round(self.spark, self.config.job_id)[0] for table in self.tables)
 
     def _why_nothing_fetched(self, info: ConsumerInfo, empty_rounds: int) -> str | None:
         """After a round that fetched nothing while the consumer is not empty: why to stop, or
@@ -373,7 +387,8 @@ class Drain:
         lock.check()
         js.run(js.acker.send(AckBlock.of(subjects, nak_body())))
         # What the server counted as delivered-but-unacked, less what we just acked ourselves.
-        return max(info.num_ack_pending - len(exclude), 0)
+        self._released = max(info.num_ack_pending - len(exclude), 0)
+        return self._released
 
     # --- priority-group pin -----------------------------------------------------------------
     def _take_over_pin(self, js: JetStreamSession, info: ConsumerInfo, lock: TableLock) -> None:
@@ -417,7 +432,7 @@ class Drain:
 
     # --- rounds -----------------------------------------------------------------------------
     def _fetch(self, size: RoundSize, info: ConsumerInfo) -> tuple[DataFrame, set[int]]:
-        ack_wait = info.config.ack_wait or DEFAULT_ACK_WAIT
+        ack_wait = self._ack_wait = info.config.ack_wait or DEFAULT_ACK_WAIT
         plan = FetchPlan(
             options=self.options, stream=self.source.stream, consumer=self.source.consumer,
             ack_prefix=self.ack_prefix, batch=size.batch, max_bytes=size.max_bytes,
@@ -426,7 +441,8 @@ class Drain:
             pull_timeout=self.config.fetch.pull_timeout,
             deadline=time.time() + fetch_seconds(self.config, ack_wait),
             group=self.source.priority_group, min_pending=self.source.min_pending,
-            min_ack_pending=self.source.min_ack_pending, pin_id=self.pin_id, fault=self.fault)
+            min_ack_pending=self.source.min_ack_pending, pin_id=self.pin_id, fault=self.fault,
+            fault_seconds=ack_wait + 1)
         with self.report.phase("fetch"):
             raw = (self.spark.range(size.partitions, numPartitions=size.partitions)
                    .mapInArrow(partial(fetch_partition, plan), RAW_DDL))
@@ -512,6 +528,7 @@ class Drain:
                         self.spark, rows, tag, partition_by=partition_names,
                         merge_schema=self.config.decode.merge_schema))
             faults.kill_here("kill_after_commit")
+            faults.stall_here("stall_before_ack", self._ack_wait + 1)
             with self.report.phase("ack"):
                 for table in self.tables:
                     is_dead = table is self.dead_letters

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from js_etl.errors import TerminalError
-from js_etl.faults import fail_first_attempt
+from js_etl.faults import fail_first_attempt, start_late
 from js_etl.jetstream import ConnectionOptions, JetStreamSession, PullEnd, parse_headers
 from js_etl.jetstream.message import JsMessage
 from js_etl.jetstream.pull import PullResult
@@ -68,6 +68,7 @@ class FetchPlan:
     min_ack_pending: int | None = None
     pin_id: str | None = None
     fault: str | None = None  # test-only fault point, see js_etl.faults
+    fault_seconds: float = 0.0  # ... and how long a delaying fault point waits
 
 
 def fetch_partition(plan: FetchPlan, batches: Iterator[pa.RecordBatch]
@@ -83,6 +84,7 @@ def fetch_partition(plan: FetchPlan, batches: Iterator[pa.RecordBatch]
     """
     for _ in batches:  # the partition's index row carries nothing we need; read it all
         pass
+    start_late(plan.fault, plan.fault_seconds)
     if time.time() >= plan.deadline:
         return  # started too late: this round's window for pulls has closed
     with JetStreamSession(plan.options) as js:

@@ -125,7 +125,7 @@ class TableLock:
                     + f"; lock {self._files.path} (delete it only if that run is certainly "
                     "dead)")
             # Take over a dead run's lock: remove exactly what we read, then race for a new one.
-            if self._files.read() == _encode(holder):
+            if _decode(self._files.read()) == holder:
                 self._files.delete()
             if not self._files.create_exclusive(_encode(me)):
                 raise RunRefusedError(f"another run took over the stale lock {self._files.path} "

@@ -1,0 +1,324 @@
+"""Each way issue 12 broke exactly-once, tried against a real nats-server, Spark and Delta.
+
+Every test creates the condition on purpose (a write phase longer than ack_wait, fetch tasks
+starting after the round's deadline, 101 commits of another writer, column mapping with OPTIMIZE
+and VACUUM, a SIGKILLed server, a stolen lock) and then checks the outcome, never a timing: every
+good message once in the table, every bad one once in the dead-letter table, the consumer clean.
+Where a mechanism has a second line of defence behind it, the test also checks that the second
+line was not needed (``already_committed`` / ``duplicates_dropped`` stay 0), so removing the
+first mechanism fails the test even though the data would stay right.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_faults import assert_exactly_once, config_for, events, setup_stream
+
+from js_etl.errors import RunRefusedError, TerminalError
+from js_etl.jetstream import ConnectionOptions, JetStreamSession
+from js_etl.jetstream.errors import ConsumerConfigError
+from js_etl.jetstream.publish import publish, wait_for_messages
+from js_etl.jetstream.server import LocalNatsServer
+from js_etl.spark import drain as drain_module
+from js_etl.spark import lock as lock_module
+from js_etl.spark.delta import CommitTag, DeltaTarget
+from js_etl.spark.drain import run_drain
+from js_etl.spark.lock import LockOwner, TableLock
+
+pytestmark = pytest.mark.slow
+
+
+def die_before_first_ack(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run's first ack raises: a round is committed and never acked (a crash there)."""
+    real = drain_module.Drain._ack
+
+    def ack_once(self: Any, *args: Any, **kw: Any) -> int:
+        monkeypatch.setattr(drain_module.Drain, "_ack", real)
+        raise RuntimeError("died between commit and ack")
+
+    monkeypatch.setattr(drain_module.Drain, "_ack", ack_once)
+
+
+# --- 1. acks confirmed applied before the next round's pulls ---------------------------------
+def test_acks_are_applied_before_the_next_round_pulls(spark, js, names, nats_server, tmp_path,
+                                                      monkeypatch):
+    messages, good, bad = events(names, 600, poison_every=50)
+    setup_stream(js, names, messages, ack_wait=2, max_ack_pending=200)
+    table = tmp_path / "table"
+    # Every round waits ack_wait + 1 s between its commit and its acks: by then the server has
+    # queued the round's messages for redelivery, and the next round's pulls would get them
+    # if the acks were merely flushed.
+    monkeypatch.setenv("JS_ETL_FAULT", "stall_before_ack")
+
+    report = run_drain(spark, config_for(names, nats_server.url, table, "fetch.pull_timeout=0.5"))
+
+    assert report.rounds >= 3
+    assert (report.already_committed, report.duplicates_dropped) == (0, 0)
+    assert_exactly_once(spark, js, names, table, good, bad)
+
+
+# --- 2. one deadline for the whole round -----------------------------------------------------
+def test_fetch_tasks_starting_after_the_round_deadline_pull_nothing(spark, js, names, nats_server,
+                                                                   tmp_path, monkeypatch):
+    messages, good, bad = events(names, 400, poison_every=50)
+    setup_stream(js, names, messages, ack_wait=2)
+    table = tmp_path / "table"
+    # Partitions 2 and 3 start ack_wait + 1 s into the round: with a clock per task they would
+    # pull redeliveries of what partitions 0 and 1 hold, into the same commit.
+    monkeypatch.setenv("JS_ETL_FAULT", "late_fetch_tasks")
+
+    report = run_drain(spark, config_for(names, nats_server.url, table, "fetch.partitions=4",
+                                         "fetch.pull_timeout=0.5"))
+
+    assert report.stopped_because == "drained"
+    assert (report.already_committed, report.duplicates_dropped) == (0, 0)
+    assert_exactly_once(spark, js, names, table, good, bad)
+
+
+def test_speculation_is_refused(spark, names, nats_server, tmp_path):
+    from js_etl.errors import ConfigError
+    from js_etl.spark.drain import refuse_speculation
+
+    class Conf:
+        def get(self, key: str, default: str) -> str:
+            return "true" if key == "spark.speculation" else default
+
+    class Context:
+        def getConf(self) -> Conf:
+            return Conf()
+
+    class Session:
+        sparkContext = Context()
+
+    refuse_speculation(spark)  # the test session runs without speculation
+    with pytest.raises(ConfigError, match="spark.speculation=false"):
+        refuse_speculation(Session())  # type: ignore[arg-type]
+
+
+# --- 3. a server-side max_deliver is refused before anything is fetched -----------------------
+def test_server_side_max_deliver_is_refused_before_fetching(spark, js, names, nats_server,
+                                                            tmp_path):
+    messages, good, bad = events(names, 60, poison_every=20)
+    setup_stream(js, names, messages, max_deliver=2)
+    table = tmp_path / "table"
+    config = config_for(names, nats_server.url, table)
+
+    with pytest.raises(ConsumerConfigError, match=r"--max-deliver=-1") as refused:
+        run_drain(spark, config)
+
+    assert refused.value.exit_code == 2
+    info = js.consumer_info(names.stream, names.consumer)
+    assert (info.delivered.stream_seq, info.num_ack_pending) == (0, 0)  # nothing fetched
+    # The fix the message names, then the drain runs.
+    js.run(js.admin.create_consumer(names.stream, replace(info.config, max_deliver=-1),
+                                    action="update"))
+    run_drain(spark, config)
+    assert_exactly_once(spark, js, names, table, good, bad)
+
+
+# --- 4. round numbers from the snapshot, whatever other writers commit ------------------------
+def foreign_commits(table: Path, n: int) -> None:
+    """``n`` appends by another writer (the deltalake package), rows of another stream."""
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+
+    schema = pa.schema(DeltaTable(str(table)).schema().to_arrow())
+    for i in range(n):
+        row = {f.name: [None] for f in schema}
+        row.update(stream=["OTHER"], seq=[i + 1], consumer_seq=[i + 1], num_delivered=[1],
+                   subject=["other.x"], published_at=[datetime.now(UTC)])
+        write_deltalake(str(table), pa.table(row, schema=schema), mode="append")
+
+
+def test_rounds_and_fence_survive_a_hundred_commits_of_another_writer(spark, js, names,
+                                                                       nats_server, tmp_path,
+                                                                       monkeypatch):
+    messages, good, bad = events(names, 300)
+    setup_stream(js, names, messages, max_ack_pending=100)
+    table = tmp_path / "table"
+    config = config_for(names, nats_server.url, table)
+    first = run_drain(spark, config)
+    assert first.rounds >= 3
+    job_round = DeltaTarget(str(table)).job_round(spark, config.job_id)[0]
+    more, more_good, _ = events(names, 200)
+    js.run(publish(js.conn, more))
+    js.run(wait_for_messages(js.conn, names.stream, 500))
+    die_before_first_ack(monkeypatch)
+    with pytest.raises(RuntimeError, match="died between commit and ack"):
+        run_drain(spark, config)
+    foreign_commits(table, 101)  # more than any history window the fence ever read
+
+    report = run_drain(spark, config)
+
+    assert report.reacked_at_start > 0  # the committed, unacked round was found and acked
+    assert DeltaTarget(str(table)).job_round(spark, config.job_id)[0] > job_round + 1
+    rows = spark.read.format("delta").load(str(table)).where(f"stream = '{names.stream}'")
+    assert rows.count() == 500
+    assert_exactly_once(spark, js, names, table, good + [g + 300 for g in more_good], [])
+
+
+def test_an_append_delta_skips_is_an_error_not_nothing_committed(spark, tmp_path):
+    table = DeltaTarget(str(tmp_path / "t"))
+    rows = spark.createDataFrame([("S", 1, 1, 1)], "stream STRING, seq BIGINT, "
+                                 "consumer_seq BIGINT, num_delivered BIGINT")
+    tag = CommitTag("js-etl:S:c", "run", 5, "$JS.ACK.S.c", 1, 1)
+    table.append(spark, rows, tag, partition_by=[], merge_schema=False)
+    assert table.job_round(spark, "js-etl:S:c")[0] == 5
+
+    with pytest.raises(TerminalError, match="append was skipped"):
+        table.append(spark, rows, replace(tag, round=4), partition_by=[], merge_schema=False)
+    assert table.read(spark).count() == 1
+
+
+# --- 5. the lock: right in containers, on long rounds, and checked before commits/acks --------
+def write_owner(table: Path, consumer: str, owner: LockOwner) -> Path:
+    path = table / "_js_etl" / f"{consumer}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(asdict(owner)))
+    return path
+
+
+def test_lock_of_a_dead_owner_whose_pid_was_reused_is_taken_over(spark, tmp_path):
+    me = LockOwner.me("dead-run")
+    # Our own pid stands for "a live process now holds the pid": its start time differs.
+    dead = replace(me, heartbeat=me.heartbeat, pid_start=(me.pid_start or 0) - 1)
+    write_owner(tmp_path, "c", dead)
+
+    with TableLock(spark, str(tmp_path), "c", "new-run") as lock:
+        assert lock.previous is not None and lock.previous.run_id == "dead-run"
+
+
+def test_lock_of_another_pid_namespace_on_the_same_host_is_not_taken_over(spark, tmp_path):
+    me = LockOwner.me("container-run")
+    # Same hostname (containers), another PID namespace, a pid that does not exist here, and a
+    # fresh heartbeat: only the heartbeat can tell, and it says alive.
+    other = replace(me, pid=2**22 + 17, pid_namespace="pid:[4026530000]")
+    write_owner(tmp_path, "c", other)
+
+    with pytest.raises(RunRefusedError, match="another run holds this consumer"):
+        TableLock(spark, str(tmp_path), "c", "new-run").acquire()
+
+
+def test_lock_heartbeat_keeps_a_long_held_lock_live(spark, tmp_path, monkeypatch):
+    real_me = LockOwner.me
+    # The holder looks like a run in another container, so only its heartbeat keeps it live.
+    monkeypatch.setattr(lock_module.LockOwner, "me", classmethod(
+        lambda cls, run_id: replace(real_me(run_id), pid_namespace="pid:[4026530000]")))
+    holder = TableLock(spark, str(tmp_path), "c", "long-run", ttl=0.5).acquire()
+    monkeypatch.setattr(lock_module.LockOwner, "me", classmethod(
+        lambda cls, run_id: real_me(run_id)))
+    path = tmp_path / "_js_etl" / "c.lock"
+    try:
+        started = json.loads(path.read_text())["started"]
+        # Wait for state: the heartbeat has moved on well past several TTLs.
+        deadline = time.monotonic() + 60
+        while json.loads(path.read_text())["heartbeat"] < started + 2.0:
+            assert time.monotonic() < deadline, "the heartbeat thread never beat"
+            time.sleep(0.05)
+        with pytest.raises(RunRefusedError, match="another run holds this consumer"):
+            TableLock(spark, str(tmp_path), "c", "second-run", ttl=0.5).acquire()
+        holder.check()  # still ours
+    finally:
+        holder.release()
+    assert not path.exists()
+
+
+def test_run_that_lost_its_lock_stops_before_committing(spark, js, names, nats_server, tmp_path):
+    messages, good, bad = events(names, 300)
+    setup_stream(js, names, messages, max_ack_pending=100)
+    table = tmp_path / "table"
+    config = config_for(names, nats_server.url, table)
+    thief = replace(LockOwner.me("thief"), pid_namespace="pid:[4026530000]")
+
+    def steal(report: Any) -> None:
+        write_owner(table, names.consumer, thief)
+
+    with pytest.raises(RunRefusedError, match="lost its lock"):
+        run_drain(spark, config, on_round=steal)
+
+    lock = table / "_js_etl" / f"{names.consumer}.lock"
+    assert json.loads(lock.read_text())["run_id"] == "thief"  # not deleted by the loser
+    assert spark.read.format("delta").load(str(table)).count() == 100  # round 2 not committed
+    lock.unlink()
+    run_drain(spark, config)
+    assert_exactly_once(spark, js, names, table, good, bad)
+
+
+# --- 6. committed keys read through Delta ------------------------------------------------------
+def test_column_mapping_and_optimize_vacuum_before_the_fence(spark, js, names, nats_server,
+                                                             tmp_path, monkeypatch):
+    messages, good, bad = events(names, 300, poison_every=30)
+    setup_stream(js, names, messages, max_ack_pending=100)
+    table = tmp_path / "table"
+    config = config_for(names, nats_server.url, table)
+    key = "spark.databricks.delta.properties.defaults.columnMapping.mode"
+    spark.conf.set(key, "name")
+    spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+    try:
+        run_drain(spark, replace(config, run=replace(config.run, max_rounds=1)))
+        die_before_first_ack(monkeypatch)
+        with pytest.raises(RuntimeError, match="died between commit and ack"):
+            run_drain(spark, config)
+        for path in (table, Path(f"{table}_dead_letters")):
+            spark.sql(f"OPTIMIZE delta.`{path}`")
+            spark.sql(f"VACUUM delta.`{path}` RETAIN 0 HOURS")
+
+        report = run_drain(spark, config)
+    finally:
+        spark.conf.unset(key)
+        spark.conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")
+
+    props = spark.sql(f"DESCRIBE DETAIL delta.`{table}`").first()["properties"]
+    assert props.get("delta.columnMapping.mode") == "name"
+    assert report.reacked_at_start > 0
+    assert_exactly_once(spark, js, names, table, good, bad)
+
+
+# --- 7. a NATS server killed mid-run --------------------------------------------------------
+def test_nats_server_sigkilled_after_a_round(spark, names, tmp_path):
+    table = tmp_path / "table"
+    with LocalNatsServer(tmp_path / "nats") as server:
+        options = ConnectionOptions(servers=(server.url,), connect_timeout=2)
+        messages, good, bad = events(names, 500, poison_every=50)
+        with JetStreamSession(options) as js:
+            setup_stream(js, names, messages, max_ack_pending=120)
+        config = config_for(names, server.url, table)
+        kills = []
+
+        def kill_after_first_round(report: Any) -> None:
+            if not kills:
+                server.restart(kill=True)  # same port and store, no chance to save state
+                kills.append(report.rounds)
+
+        try:
+            run_drain(spark, config, on_round=kill_after_first_round)
+        except TerminalError:
+            raise
+        except Exception:  # the run may fail over the crash; the next run must finish it
+            pass
+        assert kills == [1]
+        run_drain(spark, config)
+        with JetStreamSession(options) as js:
+            assert_exactly_once(spark, js, names, table, good, bad)
+
+
+def test_fence_on_an_empty_consumer_runs_no_spark_job(spark, js, names, nats_server, tmp_path):
+    messages, good, bad = events(names, 50)
+    setup_stream(js, names, messages)
+    table = tmp_path / "table"
+    config = config_for(names, nats_server.url, table)
+    run_drain(spark, config)
+    tracker = spark.sparkContext.statusTracker()
+    before = set(tracker.getJobIdsForGroup(None))
+
+    report = run_drain(spark, config)
+
+    assert report.stopped_because == "drained" and report.reacked_at_start == 0
+    assert set(tracker.getJobIdsForGroup(None)) == before  # NATS and the lock only
