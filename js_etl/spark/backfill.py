@@ -726,11 +726,10 @@ class RewindPlan:
             lines.append(f"  seqs {n}..{delivered} will be delivered again")
             if n <= floor:
                 lines.append(
-                    f"  WARNING: the drain appends what it fetches without checking the table: "
-                    f"rows for seqs {n}..{floor} already in {self.target} will be written a "
-                    f"second time. Delete them first (DELETE FROM {self.target_sql} WHERE stream = "
-                    f"'{s.name}' AND seq >= {n}), or re-load a range with `js-etl backfill`, "
-                    "which skips rows already there, instead of rewinding.")
+                    f"  seqs {n}..{floor} are already in {self.target}: the drain acks them "
+                    "without writing them again (it checks each round against the table). To "
+                    f"load them anew, delete them first (DELETE FROM {self.target_sql} WHERE "
+                    f"stream = '{s.name}' AND seq >= {n}).")
         elif n > delivered + 1:
             lines.append(f"  seqs {delivered + 1}..{n - 1} will be skipped (never delivered to "
                          "this consumer, so never drained)")

@@ -499,9 +499,10 @@ class Drain:
                 seqs = fetched.select("seq")
                 # Sequences a table already holds (committed by an earlier round or run whose
                 # acks were lost) are acked below, never written twice.
-                held = [committed_keys(self.spark, table, self.source.stream, first, last,
-                                       seqs=seqs).column("seq") for table in self.tables]
-                known = sorted({seq for column in held for seq in column.to_pylist()})
+                held = [set(committed_keys(self.spark, table, self.source.stream, first, last,
+                                           seqs=seqs).column("seq").to_pylist())
+                        for table in self.tables]
+                known = sorted(set().union(*held))
                 written = stats
                 if known:
                     log.warning("round %d: %d messages are already in the tables (their acks "
@@ -534,11 +535,12 @@ class Drain:
                     is_dead = table is self.dead_letters
                     keys = committed_keys(self.spark, table, self.source.stream, first, last,
                                           seqs=seqs, with_error=is_dead)
-                    acked = self._ack(js, lock, keys, dead=is_dead)
+                    # What this round wrote; what a table held already was only acked.
+                    written = self._ack(js, lock, keys, dead=is_dead) - len(held[is_dead])
                     if is_dead:
-                        report.dead_letters += acked
+                        report.dead_letters += written
                     else:
-                        report.messages_written += acked
+                        report.messages_written += written
         finally:
             self._release_blocks(blocks)
         report.rounds += 1
