@@ -21,13 +21,15 @@ import argparse
 import logging
 import os
 import re
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from js_etl.config import JobConfig, load_config
-from js_etl.errors import JsEtlError
+from js_etl.errors import JsEtlError, TransientError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -199,7 +201,17 @@ def _drain(config: JobConfig, report_file: str | None, spark_submit: bool) -> in
 
     options = config.nats.connection_options()  # secrets resolved before Spark starts
     spark = spark_session(config, spark_submit=spark_submit)
-    return _emit(run_drain(spark, config, options=options), report_file)
+    # SIGTERM (Airflow stopping a task, a scheduler's timeout) ends the run at the next round
+    # boundary: the round in progress is committed and acked, the rest released, the lock freed.
+    terminated = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: terminated.set())
+    report = run_drain(spark, config, options=options, stop=terminated)
+    _emit(report, report_file)
+    if report.stopped_because == "terminated":
+        print(f"js-etl: Terminated: SIGTERM received; stopped after round {report.rounds}, "
+              "everything committed is acked, the next run continues", file=sys.stderr)
+        return TransientError.exit_code
+    return 0
 
 
 def _emit(report: RunReport, report_file: str | None) -> int:

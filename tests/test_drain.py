@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import pytest
@@ -11,7 +10,7 @@ from chispa import assert_df_equality
 from stream_support import add_stream, publish_and_wait
 
 from js_etl.config import JobConfig, load_config
-from js_etl.errors import TransientError
+from js_etl.errors import TerminalError, TransientError
 from js_etl.jetstream import AckPolicy, ConsumerConfig, JetStreamSession
 from js_etl.jetstream.errors import ConsumerConfigError, ConsumerNotFoundError, StreamNotFoundError
 from js_etl.spark.drain import run_drain
@@ -37,12 +36,8 @@ def seqs(spark: Any, path: Any) -> list[int]:
 
 
 def consumer_state(js: JetStreamSession, names: Any) -> tuple[int, int]:
-    # Acks are applied asynchronously by the server: give it a moment to settle.
-    for _ in range(50):
-        info = js.consumer_info(names.stream, names.consumer)
-        if info.num_ack_pending == 0:
-            break
-        time.sleep(0.05)
+    # Read once, no settling: a run returns only after the server confirmed applying its acks.
+    info = js.consumer_info(names.stream, names.consumer)
     return info.num_pending, info.num_ack_pending
 
 
@@ -131,13 +126,15 @@ def test_empty_consumer_ends_at_once_with_nothing_written(spark, js, names, nats
                                                          tmp_path):
     add_stream(js, names)
     config = make_config(names, nats_server, tmp_path)
-    started = time.monotonic()
+    tracker = spark.sparkContext.statusTracker()
+    jobs_before = set(tracker.getJobIdsForGroup(None))
+
     report = run_drain(spark, config)
-    elapsed = time.monotonic() - started
 
     assert report.messages_written == 0 and report.rounds == 0
     assert report.stopped_because == "drained"
-    assert elapsed < 5  # no Spark job was needed to learn that nothing is pending
+    # No Spark job was needed to learn that nothing is pending.
+    assert set(tracker.getJobIdsForGroup(None)) == jobs_before
     assert not (tmp_path / "table" / "_delta_log").exists()
 
 
@@ -260,3 +257,24 @@ def test_consumer_with_no_headroom_fails_transiently(spark, js, names, nats_serv
 
     with pytest.raises(TransientError, match="ack_wait"):
         run_drain(spark, make_config(names, nats_server, tmp_path))
+
+
+@pytest.mark.parametrize("kind", ["other files", "under a regular file"])
+def test_unusable_target_path_is_refused_before_fetching(kind, spark, js, names, nats_server,
+                                                         tmp_path):
+    add_stream(js, names)
+    publish_and_wait(js, names, [(f"{names.prefix}.raw", b"m")] * 5)
+    if kind == "other files":
+        (tmp_path / "table").mkdir()
+        (tmp_path / "table" / "notes.csv").write_text("a,b\n")
+        expected = r"is not a Delta table but holds other files \(notes.csv\)"
+    else:
+        (tmp_path / "table").write_text("a regular file")
+        expected = "cannot create the run's lock .*table/_js_etl.* must be a writable directory"
+    config = make_config(names, nats_server, tmp_path)
+
+    with pytest.raises(TerminalError, match=expected) as refused:
+        run_drain(spark, config)
+
+    assert refused.value.exit_code == 2
+    assert js.consumer_info(names.stream, names.consumer).delivered.stream_seq == 0

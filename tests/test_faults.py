@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -19,6 +20,8 @@ from typing import Any
 
 import psutil
 import pytest
+
+from test_jetstream_support import run_until
 
 from js_etl.config import load_config
 from js_etl.errors import RunRefusedError
@@ -79,11 +82,8 @@ def assert_exactly_once(spark: Any, js: JetStreamSession, names: Any, table: Pat
     assert seqs(table) == sorted(good), "table must hold every good message exactly once"
     dead = seqs(Path(f"{table}_dead_letters"))
     assert sorted(dead) == bad, "dead letters must be exactly the poison messages"
-    for _ in range(100):  # acks are applied asynchronously
-        info = js.consumer_info(names.stream, names.consumer)
-        if info.num_pending == 0 and info.num_ack_pending == 0:
-            break
-        time.sleep(0.05)
+    # Read once, no settling: a run returns only after the server confirmed applying its acks.
+    info = js.consumer_info(names.stream, names.consumer)
     assert (info.num_pending, info.num_ack_pending) == (0, 0)
 
 
@@ -241,8 +241,7 @@ def test_poison_and_oversize_messages_never_stall_the_drain(spark, js, names, na
     good_only = [s for s in good if s != stuck_seq]
     assert_exactly_once(spark, js, names, table, good_only, poison)
     assert report.dead_letters == len(poison)
-    js.run(js.conn.nc.flush())
-    time.sleep(0.2)
+    run_until(js, lambda: {t["stream_seq"] for t in terms} >= set(poison))
     terminated = {t["stream_seq"]: t.get("reason", "") for t in terms}
     assert set(terminated) == set(poison)  # dead letters are +TERMed, with their reason
     assert "poison: delivered 4 times" in terminated[stuck_seq]
@@ -331,4 +330,29 @@ def test_overflow_helper_drains_only_above_min_pending(spark, js, names, nats_se
                                        "source.priority_group=spill", "source.min_pending=50"))
     assert busy.messages_written >= 70  # served while the backlog stayed >= 50
     run_drain(spark, config_for(names, nats_server.url, table, "source.priority_group=spill"))
+    assert_exactly_once(spark, js, names, table, good, bad)
+
+
+def test_sigterm_finishes_the_round_releases_and_exits_75(spark, js, names, nats_server,
+                                                          tmp_path):
+    messages, good, bad = events(names, 2000, poison_every=97)
+    setup_stream(js, names, messages, max_ack_pending=100)  # many rounds: a long run
+    table = tmp_path / "table"
+    proc = drain_process(names, nats_server.url, table, None, uuid.uuid4().hex)
+    deadline = time.monotonic() + 180
+    while not (table / "_delta_log").exists():  # wait for state: its first round committed
+        assert proc.poll() is None and time.monotonic() < deadline, "the run never committed"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=180)
+
+    assert proc.returncode == 75, err[-800:]
+    assert err.strip().splitlines()[-1].startswith("js-etl: Terminated: SIGTERM received")
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report["stopped_because"] == "terminated" and report["rounds"] >= 1
+    assert not (table / "_js_etl" / f"{names.consumer}.lock").exists()  # released
+    info = js.consumer_info(names.stream, names.consumer)
+    assert info.num_pending > 0  # it stopped early ...
+    assert info.num_ack_pending == 0  # ... with everything it fetched committed and acked
+    run_drain(spark, config_for(names, nats_server.url, table))
     assert_exactly_once(spark, js, names, table, good, bad)

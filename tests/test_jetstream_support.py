@@ -51,9 +51,10 @@ def timed_pull(session: JetStreamSession, puller: Puller, batch: int,
     return result, time.monotonic() - t0
 
 
-def wait_until(fetch: Callable[[], T], check: Callable[[T], bool], timeout: float = 3.0,
+def wait_until(fetch: Callable[[], T], check: Callable[[T], bool], timeout: float = 30.0,
                interval: float = 0.02) -> T:
-    """Poll ``fetch()`` until ``check`` holds (the server applies acks asynchronously)."""
+    """Poll ``fetch()`` until ``check`` holds (the server applies acks asynchronously). The
+    timeout only bounds a failing test: a passing one returns as soon as the state is there."""
     deadline = time.monotonic() + timeout
     value = fetch()
     while not check(value):
@@ -62,6 +63,18 @@ def wait_until(fetch: Callable[[], T], check: Callable[[T], bool], timeout: floa
         time.sleep(interval)
         value = fetch()
     return value
+
+
+def run_until(session: JetStreamSession, check: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Run ``session``'s event loop (so subscription callbacks are delivered) until ``check``."""
+    async def wait() -> None:
+        deadline = time.monotonic() + timeout
+        while not check():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"condition not reached within {timeout}s")
+            await asyncio.sleep(0.01)
+
+    session.run(wait())
 
 
 @pytest.fixture

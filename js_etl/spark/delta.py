@@ -90,9 +90,18 @@ class DeltaTarget:
         reader = spark.read.format("delta")
         return reader.table(self.table) if self.table else reader.load(self.path)
 
-    def check_columns(self, spark: SparkSession) -> None:
-        """Refuse an existing table js-etl cannot fence and ack from (module docstring)."""
+    def check_usable(self, spark: SparkSession) -> None:
+        """Refuse, before anything is fetched, a table js-etl cannot fence and ack from
+        (module docstring), and a path that holds other files but no Delta table: writing
+        there would silently make those files part of a new table's directory."""
         if not self.exists(spark):
+            if self.path:
+                stray = [name for name in _list_dir(spark, self.path) if name != "_js_etl"]
+                if stray:
+                    raise TerminalError(
+                        f"target {self.path} is not a Delta table but holds other files "
+                        f"({', '.join(sorted(stray)[:3])}{', …' if len(stray) > 3 else ''}): "
+                        "point target.path at an empty or new directory, or at a Delta table")
             return
         types = {f.name.lower(): f.dataType.simpleString()
                  for f in self.read(spark).schema.fields}
@@ -184,6 +193,16 @@ def committed_keys(spark: SparkSession, table: DeltaTarget, stream: str, first: 
     if seqs is not None:
         rows = rows.join(seqs.select("seq"), "seq", "left_semi")
     return rows.select(*columns).toArrow()
+
+
+def _list_dir(spark: SparkSession, path: str) -> list[str]:
+    """Names in directory ``path`` through Hadoop's FileSystem ([] if it does not exist)."""
+    jvm = spark._jvm  # type: ignore[attr-defined]
+    hpath = jvm.org.apache.hadoop.fs.Path(path)
+    fs = hpath.getFileSystem(spark._jsc.hadoopConfiguration())  # type: ignore[attr-defined]
+    if not fs.exists(hpath) or not fs.getFileStatus(hpath).isDirectory():
+        return []
+    return [str(status.getPath().getName()) for status in fs.listStatus(hpath)]
 
 
 def log_actions(spark: SparkSession, location: str, version: int) -> list[dict[str, Any]]:

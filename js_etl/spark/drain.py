@@ -55,6 +55,7 @@ poison itself instead (``source.max_deliver``), in the dead-letter table, after 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -186,7 +187,8 @@ class Drain:
 
     def __init__(self, spark: SparkSession, config: JobConfig, options: ConnectionOptions,
                  *, run_id: str | None = None,
-                 on_round: Callable[[RunReport], None] | None = None) -> None:
+                 on_round: Callable[[RunReport], None] | None = None,
+                 stop: threading.Event | None = None) -> None:
         self.spark = spark
         self.config = config
         self.options = options
@@ -198,6 +200,7 @@ class Drain:
         self.ack_prefix = f"$JS.ACK.{self.source.stream}.{self.source.consumer}"
         self.run_id = run_id or uuid.uuid4().hex[:12]
         self.on_round = on_round or (lambda report: None)
+        self.stop = stop or threading.Event()  # set (e.g. on SIGTERM): stop after this round
         self.fault = faults.armed()
         self.pinned = False  # the consumer uses a pinned_client group
         self.pin_id: str | None = None  # our pin, once the server gave us one
@@ -329,7 +332,7 @@ class Drain:
         """Refuse tables js-etl cannot fence and ack from, before anything is fetched; the
         number of this run's first round."""
         for table in self.tables:
-            table.check_columns(self.spark)
+            table.check_usable(self.spark)
         return 1 + max(table.job_round(self.spark, self.config.job_id)[0] for table in self.tables)
 
     def _why_nothing_fetched(self, info: ConsumerInfo, empty_rounds: int) -> str | None:
@@ -587,6 +590,8 @@ class Drain:
 
     def _budget_spent(self, started: float) -> str | None:
         run, report = self.config.run, self.report
+        if self.stop.is_set():
+            return "terminated"
         if run.max_rounds is not None and report.rounds >= run.max_rounds:
             return "max_rounds"
         if run.max_messages is not None and (report.messages_written + report.dead_letters
@@ -605,7 +610,8 @@ def _left(budget: int | None, used: int) -> float:
 
 def run_drain(spark: SparkSession, config: JobConfig, *, run_id: str | None = None,
               options: ConnectionOptions | None = None,
-              on_round: Callable[[RunReport], None] | None = None) -> RunReport:
+              on_round: Callable[[RunReport], None] | None = None,
+              stop: threading.Event | None = None) -> RunReport:
     """Drain ``config.source`` into ``config.target`` on ``spark`` and return the report.
 
     >>> report = run_drain(spark, load_config("conf/example.yaml"))
@@ -613,4 +619,4 @@ def run_drain(spark: SparkSession, config: JobConfig, *, run_id: str | None = No
     (12000, 'drained')
     """
     return Drain(spark, config, options or config.nats.connection_options(),
-                 run_id=run_id, on_round=on_round).run()
+                 run_id=run_id, on_round=on_round, stop=stop).run()

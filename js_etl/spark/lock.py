@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
-from js_etl.errors import RunRefusedError
+from js_etl.errors import RunRefusedError, TerminalError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -229,11 +229,14 @@ class _LocalFile:
         self.path = path
 
     def create_exclusive(self, data: bytes) -> bool:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
             return False
+        except OSError as e:  # under a regular file, in /proc, no permission: fix the path
+            raise TerminalError(f"cannot create the run's lock {self.path} ({e.strerror}): "
+                                "the target must be a writable directory") from None
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         return True
