@@ -22,10 +22,8 @@ import pytest
 from test_faults import assert_exactly_once, config_for, events, setup_stream
 
 from js_etl.errors import RunRefusedError, TerminalError
-from js_etl.jetstream import ConnectionOptions, JetStreamSession
 from js_etl.jetstream.errors import ConsumerConfigError
 from js_etl.jetstream.publish import publish, wait_for_messages
-from js_etl.jetstream.server import LocalNatsServer
 from js_etl.spark import drain as drain_module
 from js_etl.spark import lock as lock_module
 from js_etl.spark.delta import CommitTag, DeltaTarget
@@ -281,32 +279,7 @@ def test_column_mapping_and_optimize_vacuum_before_the_fence(spark, js, names, n
     assert_exactly_once(spark, js, names, table, good, bad)
 
 
-# --- 7. a NATS server killed mid-run --------------------------------------------------------
-def test_nats_server_sigkilled_after_a_round(spark, names, tmp_path):
-    table = tmp_path / "table"
-    with LocalNatsServer(tmp_path / "nats") as server:
-        options = ConnectionOptions(servers=(server.url,), connect_timeout=2)
-        messages, good, bad = events(names, 500, poison_every=50)
-        with JetStreamSession(options) as js:
-            setup_stream(js, names, messages, max_ack_pending=120)
-        config = config_for(names, server.url, table)
-        kills = []
-
-        def kill_after_first_round(report: Any) -> None:
-            if not kills:
-                server.restart(kill=True)  # same port and store, no chance to save state
-                kills.append(report.rounds)
-
-        try:
-            run_drain(spark, config, on_round=kill_after_first_round)
-        except TerminalError:
-            raise
-        except Exception:  # the run may fail over the crash; the next run must finish it
-            pass
-        assert kills == [1]
-        run_drain(spark, config)
-        with JetStreamSession(options) as js:
-            assert_exactly_once(spark, js, names, table, good, bad)
+# --- 7. a NATS server killed mid-run: tests/test_faults.py::test_nats_server_restarted_mid_run
 
 
 def test_fence_on_an_empty_consumer_runs_no_spark_job(spark, js, names, nats_server, tmp_path):

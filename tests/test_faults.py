@@ -163,7 +163,10 @@ def test_failed_task_attempt_is_retried_and_never_acked(fault, spark, js, names,
     assert_exactly_once(spark, js, names, table, good, bad)
 
 
-def test_nats_server_restarted_mid_run(spark, names, tmp_path):
+@pytest.mark.parametrize("kill", [False, True], ids=["sigterm", "sigkill"])
+def test_nats_server_restarted_mid_run(kill, spark, names, tmp_path):
+    """SIGKILL gives the server no chance to store acks it had applied: the recovery run then
+    fetches committed messages again, and must ack them without writing them twice."""
     table = tmp_path / "table"
     with LocalNatsServer(tmp_path / "nats") as server:
         options = ConnectionOptions(servers=(server.url,), connect_timeout=2)
@@ -175,7 +178,7 @@ def test_nats_server_restarted_mid_run(spark, names, tmp_path):
 
         def restart_after_first_round(report: Any) -> None:
             if not restarts:
-                server.restart()  # same port, same store directory
+                server.restart(kill=kill)  # same port, same store directory
                 restarts.append(report.rounds)
 
         try:

@@ -325,6 +325,8 @@ def test_repeated_header_keeps_every_value_in_order(js, names, stream):
         await nc.flush()
 
     js.run(hpub())
+    # A plain HPUB is stored asynchronously: pull only once the stream holds it.
+    wait_until(lambda: js.stream_info(stream).state.messages, lambda n: n == 1)
     consumer(js, stream, names.consumer)
     result = js.pull(js.puller(stream, names.consumer), 5, timeout=5)
     assert result.end is PullEnd.NO_MESSAGES and len(result.messages) == 1

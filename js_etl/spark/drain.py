@@ -485,7 +485,7 @@ class Drain:
                         round_no: int) -> bool:
         """Write the round, then ack what the tables hold for its sequences. Returns False when
         the round fetched nothing."""
-        from pyspark.sql import functions as F
+        import pyarrow as pa
 
         report = self.report
         blocks: set[int] = set()
@@ -513,7 +513,7 @@ class Drain:
                                 round_no, len(known))
                     report.already_committed += len(known)
                     fetched = fetched.join(self.spark.createDataFrame(
-                        [(s,) for s in known], "seq BIGINT"), "seq", "left_anti")
+                        pa.table({"seq": pa.array(known, pa.int64())})), "seq", "left_anti")
                     written = self._stats(fetched)
                 tag = CommitTag(self.config.job_id, self.run_id, round_no, self.ack_prefix,
                                 first, last)
@@ -539,11 +539,11 @@ class Drain:
                     keys = committed_keys(self.spark, table, self.source.stream, first, last,
                                           seqs=seqs, with_error=is_dead)
                     # What this round wrote; what a table held already was only acked.
-                    written = self._ack(js, lock, keys, dead=is_dead) - len(held[is_dead])
+                    new_rows = self._ack(js, lock, keys, dead=is_dead) - len(held[is_dead])
                     if is_dead:
-                        report.dead_letters += written
+                        report.dead_letters += new_rows
                     else:
-                        report.messages_written += written
+                        report.messages_written += new_rows
         finally:
             self._release_blocks(blocks)
         report.rounds += 1
