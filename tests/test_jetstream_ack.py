@@ -63,9 +63,8 @@ def test_nak_with_delay_redelivers_after_the_delay(js, js2, names, stream):
     assert js.consumer_info(stream, names.consumer).num_ack_pending == 1  # still pending
 
     after = wait_until(lambda: js.pull(puller, 5), lambda r: len(r.messages) == 1,
-                       timeout=3.0, interval=0.05)
-    elapsed = time.monotonic() - t0
-    assert 0.9 <= elapsed < 2.5
+                       interval=0.05)
+    assert time.monotonic() - t0 >= 0.9  # not before its delay
     meta = after.messages[0].metadata
     assert (meta.stream_seq, meta.num_delivered) == (1, 2)
 

@@ -8,7 +8,7 @@ from test_jetstream_support import pub, stream, timed_pull  # noqa: F401
 from js_etl.jetstream import ConsumerConfig, JetStreamSession, PriorityPolicy, PullEnd
 from js_etl.jetstream.errors import PinMismatchError, PriorityGroupError
 
-FAST = 1.0
+FAST = 4.0  # well before the 5 s deadlines these pulls have: ended by a status, not by it
 
 
 def grouped(js: JetStreamSession, stream: str, name: str, policy: PriorityPolicy,

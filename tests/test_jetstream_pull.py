@@ -21,7 +21,9 @@ from js_etl.jetstream.errors import (
     PullLimitError,
 )
 
-FAST = 1.0  # an answer that came on a terminator (or by counting) arrives well within this
+# An answer that came on a terminator (or by counting) arrives well before the 5 s deadlines
+# these tests give; generous, so a loaded machine does not fail them (the `end` tells too).
+FAST = 4.0
 
 
 def probe_costs(js: JetStreamSession, stream: str, probe: str, n: int) -> list[int]:
@@ -192,10 +194,10 @@ def test_pull_at_max_ack_pending_ends_on_the_deadline_and_is_dropped(js, names, 
     assert result.end is PullEnd.DEADLINE
     assert [m.metadata.stream_seq for m in result.messages] == [1, 2, 3, 4, 5]
     assert result.status is None
-    assert 0.9 <= elapsed < 2.0
+    assert elapsed >= 0.9  # it waited for its deadline: no status ever came
     # The inbox was unsubscribed, so the server no longer keeps the request waiting.
     info = wait_until(lambda: js.consumer_info(stream, names.consumer),
-                      lambda i: i.num_waiting == 0, timeout=2.0)
+                      lambda i: i.num_waiting == 0)
     assert (info.num_ack_pending, info.num_pending) == (5, 15)
 
 
@@ -218,7 +220,7 @@ def test_requests_pending_408_while_a_larger_request_is_queued(js, names, stream
     assert first.end is PullEnd.DEADLINE and len(first.messages) == 5
     assert second.end is PullEnd.REQUESTS_PENDING and second.messages == []
     assert second.status is not None and str(second.status) == "408 Requests Pending"
-    assert elapsed < 0.5
+    # (the status came at once: a deadline would have ended it as DEADLINE)
 
 
 # --- §3: expires + no_wait -----------------------------------------------------------------------
@@ -229,7 +231,7 @@ def test_expires_with_nothing_pending_ends_with_408_after_expires(js, names, str
     assert result.end is PullEnd.EXPIRED
     assert result.status is not None and str(result.status) == "408 Request Timeout"
     assert result.status.header("Nats-Pending-Messages") == "10"
-    assert 0.9 <= elapsed < 2.0
+    assert elapsed >= 0.9  # the server waited for expires (our deadline was 4 s: the end says)
 
 
 def test_expires_waits_for_the_first_message_then_stops_when_drained(js, names, stream):
@@ -237,17 +239,16 @@ def test_expires_waits_for_the_first_message_then_stops_when_drained(js, names, 
     puller = js.puller(stream, names.consumer)
 
     async def pull_and_publish_later():
-        t0 = time.monotonic()
         task = asyncio.create_task(puller.pull(10, expires=3.0, timeout=5))
         await asyncio.sleep(0.3)
         for _ in range(3):
             await js.conn.nc.publish(f"{names.prefix}.a", b"late")
-        return await task, time.monotonic() - t0
+        return await task
 
-    result, elapsed = js.run(pull_and_publish_later())
+    result = js.run(pull_and_publish_later())
+    # Ended by the 404 once the stream was drained, not by the 3 s expiry (that is a 408).
     assert result.end is PullEnd.NO_MESSAGES
     assert [m.data for m in result.messages] == [b"late"] * 3
-    assert elapsed < 1.5  # not the 3 s expiry
 
 
 # --- error statuses ------------------------------------------------------------------------------
@@ -297,16 +298,14 @@ def test_consumer_deleted_while_a_pull_waits(js, names, stream):
     puller = js.puller(stream, names.consumer)
 
     async def pull_then_delete():
-        t0 = time.monotonic()
         task = asyncio.create_task(puller.pull(5, expires=3.0, timeout=5))
         await asyncio.sleep(0.3)
         await js.admin.delete_consumer(stream, names.consumer)
-        return await task, time.monotonic() - t0
+        return await task
 
-    result, elapsed = js.run(pull_then_delete())
+    result = js.run(pull_then_delete())
     assert result.end is PullEnd.ERROR
-    assert str(result.status) == "409 Consumer Deleted"
-    assert elapsed < 2.0
+    assert str(result.status) == "409 Consumer Deleted"  # ended by it, not by expiry (408)
     with pytest.raises(ConsumerDeletedError):
         result.raise_for_status()
 
@@ -347,6 +346,8 @@ def test_message_size_with_headers_matches_server_accounting(js, names, stream):
         await js.conn.nc.flush()
 
     js.run(publish_with_header())
+    # Plain publishes are stored asynchronously: probe only once the stream holds them.
+    wait_until(lambda: js.stream_info(stream).state.messages, lambda n: n == 3)
     costs = probe_costs(js, stream, names.consumer + "p", 3)
     consumer(js, stream, names.consumer + "q")
     result = js.pull(js.puller(stream, names.consumer + "q"), 3, max_bytes=sum(costs[:2]),
