@@ -23,9 +23,13 @@ from schedules import (
     run_schedule,
 )
 
-# Chosen to be short and to cover, between them: a kill point and a random SIGKILL, a NATS
-# restart, another writer's commits, column mapping on and off, poison payloads.
-FIXED_SEEDS = (0,)
+# Two short schedules that cover, between them, what each exactly-once mechanism is for:
+# 13462: column mapping off, ack_wait 2s, 477 messages (47 poison); SIGKILL after a round's
+#        commit (before its acks), then 105 commits and an OPTIMIZE by another writer, so the
+#        dead run's commit is far back in the table's history.
+# 6302:  column mapping on, ack_wait 2.5s, 12 partitions on local[2], 275 messages (27 poison);
+#        the NATS server restarts mid-run, then 22 commits by another writer.
+FIXED_SEEDS = (13462, 6302)
 
 
 def _seeds() -> list[int]:
