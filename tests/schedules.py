@@ -369,13 +369,16 @@ class _Player:
                                     stdin=subprocess.DEVNULL, text=True)
         watcher = _LockWatcher(proc, self.lock, lock_before)
         watcher.start()
-        action = None
+        action: Any = None
         if step.disruption == "sigkill":
             action = lambda: proc.send_signal(signal.SIGKILL)  # noqa: E731  (no-op once reaped)
         elif step.disruption == "nats_restart":
             action = self.server.restart
         elif step.disruption == "foreign_commits":
-            action = lambda: self.foreign_commits(step.commits, False)  # noqa: E731
+            def action() -> str:  # once the run's first commit created the table
+                while not _is_table(self.table) and proc.poll() is None:
+                    time.sleep(0.05)
+                return self.foreign_commits(step.commits, False)
         disruptor = None
         if action is not None:
             disruptor = threading.Thread(target=watcher.act_after_lock,
