@@ -797,6 +797,7 @@ def soak(count: int, seeds: list[int], keep: Path) -> int:
     print(f"{len(seeds)} fault schedules; reports in {keep}", flush=True)
     passed = failed = 0
     for seed in seeds:
+        print(f"seed {seed}: ", end="", flush=True)  # an interrupted soak still names its seed
         schedule = Schedule.draw(seed)
         workdir = Path(tempfile.mkdtemp(prefix=f"sched-{seed}-"))
         try:
@@ -805,8 +806,7 @@ def soak(count: int, seeds: list[int], keep: Path) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
         passed, failed = passed + outcome.ok, failed + (not outcome.ok)
         verdict = "PASS" if outcome.ok else f"FAIL {', '.join(outcome.kinds())}"
-        print(f"seed {seed}: {verdict} ({outcome.seconds:.0f}s, {len(outcome.runs)} runs)",
-              flush=True)
+        print(f"{verdict} ({outcome.seconds:.0f}s, {len(outcome.runs)} runs)", flush=True)
         if not outcome.ok:
             (keep / f"{seed}.txt").write_text(outcome.report() + "\n")
         with open(keep / "results.jsonl", "a") as f:
