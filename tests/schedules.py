@@ -330,7 +330,7 @@ class _Player:
 
     # --- the other writer -------------------------------------------------------------------
     def foreign_commits(self, commits: int, optimize: bool) -> str:
-        if not (self.table / "_delta_log").is_dir():
+        if not _is_table(self.table):
             return f"another writer: skipped {commits} commits (no table yet)"
         if commits == 0 and not optimize:
             return "another writer: 0 commits"
@@ -663,7 +663,9 @@ def _counts(counts: dict[int, int], limit: int = 15) -> str:
 
 
 def _is_table(path: Path) -> bool:
-    return (path / "_delta_log").is_dir()
+    """A Delta table with at least one commit (Spark creates ``_delta_log`` before its first
+    commit file, and a run killed in between leaves it empty)."""
+    return any((path / "_delta_log").glob("*.json"))
 
 
 def read_rows(path: Path, columns: tuple[str, str]) -> list[tuple[int, Any]]:
