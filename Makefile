@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test soak bench clean
 
 setup: $(STAMP)
 	$(BIN)/python -m js_etl.spark.jars >/dev/null
@@ -21,6 +21,14 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest
+
+# Many randomized fault schedules (tests/schedules.py): each prints its seed and verdict, then
+# "N passed, M failed". Replay one: JS_ETL_SCHEDULE_SEED=<seed> $(BIN)/python -m pytest
+# tests/test_fault_schedules.py. `make soak SEEDS="1 2 3"` runs those seeds instead.
+SCHEDULES ?= 10
+SEEDS ?=
+soak: setup
+	$(BIN)/python tests/schedules.py soak --schedules $(SCHEDULES) $(foreach s,$(SEEDS),--seed $(s))
 
 # Full-size benchmark (a few minutes): js-etl against the bare pull+ack loop and a simple peer.
 bench: setup
