@@ -11,8 +11,8 @@ Every round is one Delta transaction per table, tagged twice:
   append is checked afterwards (:meth:`DeltaTarget.append` raises if it was skipped);
 * ``userMetadata`` = a JSON :class:`CommitTag`, for people and audits reading the history.
 
-Acks are built from :func:`committed_keys`: the ``(seq, num_delivered, consumer_seq)`` of the rows
-the table holds for a round's sequences, read *through Delta* (logical column names, deletion
+Acks are built from :func:`ack_keys` of :func:`rows_in_range`: the ``(seq, num_delivered,
+consumer_seq)`` of the rows the table holds for a round's sequences, read *through Delta* (logical column names, deletion
 vectors, files rewritten by OPTIMIZE: whatever the table's features, a read of the current
 snapshot is what was committed), never from the fetch.
 """
@@ -170,26 +170,31 @@ class DeltaTarget:
         return last
 
 
-def committed_keys(spark: SparkSession, table: DeltaTarget, stream: str, first: int, last: int,
-                   *, seqs: DataFrame | None = None, with_error: bool = False) -> pa.Table:
-    """``(seq, num_delivered, consumer_seq[, error])`` of the rows ``table`` holds for ``stream``
-    in ``first..last`` (only those whose seq is in ``seqs``, when given), read through Delta.
-
-    The range filter lets Delta skip every file whose ``seq`` statistics lie outside it, so a
-    round's check reads only the files of the rounds around it.
-    """
-    import pyarrow as pa
+def rows_in_range(spark: SparkSession, table: DeltaTarget, stream: str, first: int,
+                  last: int) -> DataFrame | None:
+    """The rows ``table`` holds for ``stream`` in ``first..last``, read through Delta; None when
+    no file can hold one. Planning applies Delta's data skipping on the ``seq`` statistics, so
+    a round's check reads only the files of the rounds around it, and none in the common case
+    (``inputFiles`` plans the scan without running a job)."""
     from pyspark.sql import functions as F
 
-    columns = (*ACK_KEY_COLUMNS, "error") if with_error else ACK_KEY_COLUMNS
-    none = pa.table({c: pa.array([], pa.string() if c == "error" else pa.int64())
-                     for c in columns})
     if not table.exists(spark):
-        return none
+        return None
     rows = table.read(spark).where((F.col("stream") == stream)
                                    & F.col("seq").between(first, last))
-    if not rows.inputFiles():  # planning applies data skipping: no file can hold the range
-        return none
+    return rows if rows.inputFiles() else None
+
+
+def ack_keys(rows: DataFrame | None, *, seqs: DataFrame | None = None,
+             with_error: bool = False) -> pa.Table:
+    """``(seq, num_delivered, consumer_seq[, error])`` of ``rows`` (only those whose seq is in
+    ``seqs``, when given), as Arrow on the driver."""
+    import pyarrow as pa
+
+    columns = (*ACK_KEY_COLUMNS, "error") if with_error else ACK_KEY_COLUMNS
+    if rows is None:
+        return pa.table({c: pa.array([], pa.string() if c == "error" else pa.int64())
+                         for c in columns})
     if seqs is not None:
         rows = rows.join(seqs.select("seq"), "seq", "left_semi")
     return rows.select(*columns).toArrow()

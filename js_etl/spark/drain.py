@@ -79,7 +79,7 @@ from js_etl.jetstream.ack import ACK, AckBlock, ack_block, nak_body, term_body
 from js_etl.jetstream.errors import ConsumerConfigError
 from js_etl.report import RunReport
 from js_etl.spark.decode import PAYLOAD_BYTES, Decoder, with_partition_columns
-from js_etl.spark.delta import CommitTag, DeltaTarget, committed_keys
+from js_etl.spark.delta import CommitTag, DeltaTarget, ack_keys, rows_in_range
 from js_etl.spark.fetch import RAW_DDL, FetchPlan, fetch_partition
 from js_etl.spark.lock import TableLock
 
@@ -364,8 +364,8 @@ class Drain:
         reacked = 0
         for table in self.tables:
             dead = table is self.dead_letters
-            keys = committed_keys(self.spark, table, self.source.stream, floor + 1, delivered,
-                                  with_error=dead)
+            keys = ack_keys(rows_in_range(self.spark, table, self.source.stream, floor + 1,
+                                          delivered), with_error=dead)
             committed.update(keys.column("seq").to_pylist())
             reacked += self._ack(js, lock, keys, dead=dead)
         # Rows above the floor may have been acked already; at most num_ack_pending were not.
@@ -502,9 +502,10 @@ class Drain:
                 seqs = fetched.select("seq")
                 # Sequences a table already holds (committed by an earlier round or run whose
                 # acks were lost) are acked below, never written twice.
-                held = [set(committed_keys(self.spark, table, self.source.stream, first, last,
-                                           seqs=seqs).column("seq").to_pylist())
-                        for table in self.tables]
+                before = [rows_in_range(self.spark, table, self.source.stream, first, last)
+                          for table in self.tables]
+                held = [set(ack_keys(rows, seqs=seqs).column("seq").to_pylist())
+                        for rows in before]
                 known = sorted(set().union(*held))
                 written = stats
                 if known:
@@ -536,8 +537,12 @@ class Drain:
             with self.report.phase("ack"):
                 for table in self.tables:
                     is_dead = table is self.dead_letters
-                    keys = committed_keys(self.spark, table, self.source.stream, first, last,
-                                          seqs=seqs, with_error=is_dead)
+                    # Where no file held the range before this round, all it holds now is ours:
+                    # no need to match it against the round's sequences.
+                    keys = ack_keys(rows_in_range(self.spark, table, self.source.stream, first,
+                                                  last),
+                                    seqs=seqs if before[is_dead] is not None else None,
+                                    with_error=is_dead)
                     # What this round wrote; what a table held already was only acked.
                     new_rows = self._ack(js, lock, keys, dead=is_dead) - len(held[is_dead])
                     if is_dead:
