@@ -443,19 +443,28 @@ class NatsConfig(_Section):
 
         env = dict(os.environ if environ is None else environ)
 
-        def secret(env_name: str | None, file: str | None) -> Secret | None:
+        def secret(kind: str, env_name: str | None, file: str | None) -> Secret | None:
+            # Errors name the setting, never its value: it may be the secret pasted by mistake.
             if env_name:
-                return Secret.from_env(env_name, env)
-            return Secret.from_file(file) if file else None
+                return Secret.from_env(env_name, env, key=f"nats.{kind}_env")
+            return Secret.from_file(file, key=f"nats.{kind}_file") if file else None
 
+        for key in ("creds_file", "nkey_seed_file"):
+            # Read by nats-py only inside its connect loop, where a missing file would be
+            # retried as if the server were down: check here, terminal, without the path.
+            path = getattr(self, key)
+            if path is not None:
+                Secret.from_file(path, key=f"nats.{key}")
         tls = None
         if self.tls.ca_file or self.tls.cert_file:
             tls = TlsOptions(self.tls.ca_file, self.tls.cert_file, self.tls.key_file)
+            tls.check_files()  # here, before Spark starts, and again where a connection opens
         return ConnectionOptions(
             servers=tuple(self.servers), name=self.name, connect_timeout=self.connect_timeout,
             creds_file=self.creds_file, nkey_seed_file=self.nkey_seed_file,
-            token=secret(self.token_env, self.token_file), user=self.user,
-            password=secret(self.password_env, self.password_file), tls=tls, domain=self.domain)
+            token=secret("token", self.token_env, self.token_file), user=self.user,
+            password=secret("password", self.password_env, self.password_file), tls=tls,
+            domain=self.domain)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
