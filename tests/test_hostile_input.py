@@ -15,9 +15,13 @@ import pytest
 from stream_support import add_stream, publish_and_wait
 
 from js_etl.config import load_config
-from js_etl.errors import ConfigError
+from js_etl.errors import ConfigError, TerminalError
 from js_etl.jetstream import JetStreamSession
-from js_etl.jetstream.errors import ConsumerNotFoundError
+from js_etl.jetstream.errors import (
+    ConsumerConfigError,
+    ConsumerNotFoundError,
+    StreamNotFoundError,
+)
 from js_etl.spark.decode import Decoder, with_partition_columns
 from js_etl.spark.drain import run_drain
 
@@ -237,6 +241,27 @@ def test_drain_keeps_raw_payloads_in_rows_with_keep_raw(spark, js, names, nats_s
     assert [bytes(r.data) for r in rows] == payloads
 
 
+def test_drain_refuses_a_headers_only_consumer_before_fetching(spark, js, names, nats_server,
+                                                               tmp_path):
+    add_stream(js, names)
+    publish_and_wait(js, names, [(f"{names.prefix}.e", b'{"id": 1}', [("K", "v")])])
+    js.run(js.conn.request(f"CONSUMER.CREATE.{names.stream}.{names.consumer}", {
+        "stream_name": names.stream, "action": "create",
+        "config": {"durable_name": names.consumer, "ack_policy": "explicit",
+                   "headers_only": True}}))
+
+    with pytest.raises(ConsumerConfigError) as err:
+        run_drain(spark, drain_config(names, nats_server, tmp_path))
+
+    assert isinstance(err.value, TerminalError)
+    assert "headers only" in str(err.value)
+    assert (f"`nats consumer edit {names.stream} {names.consumer} --no-headers-only -f`"
+            in str(err.value))
+    info = js.consumer_info(names.stream, names.consumer)
+    assert info.delivered.stream_seq == 0 and info.num_pending == 1  # nothing was fetched
+    assert not (tmp_path / "table").exists()
+
+
 def test_drain_refuses_a_schema_clash_before_fetching(spark, js, names, nats_server, tmp_path):
     add_stream(js, names)
     publish_and_wait(js, names, [(f"{names.prefix}.e", b'{"id": 1, "Subject": "x"}')])
@@ -259,3 +284,18 @@ def _unchecked_decode(schema: str) -> Any:
     checked = DecodeConfig(format="json", schema="id BIGINT")
     object.__setattr__(checked, "schema", schema)
     return checked
+
+
+# --- missing stream or consumer: named -----------------------------------------------------------
+def test_missing_stream_and_consumer_are_named(js, names):
+    with pytest.raises(StreamNotFoundError) as err:
+        js.stream_info(names.stream)
+    assert str(err.value) == (f"stream '{names.stream}' not found (stream not found) "
+                              "(code 404, err_code 10059)")
+    with pytest.raises(StreamNotFoundError, match=f"stream '{names.stream}' not found"):
+        js.consumer_info(names.stream, names.consumer)
+    add_stream(js, names)
+    with pytest.raises(ConsumerNotFoundError) as err:
+        js.consumer_info(names.stream, names.consumer)
+    assert str(err.value) == (f"consumer '{names.consumer}' not found on stream "
+                              f"'{names.stream}' (consumer not found) (code 404, err_code 10014)")
