@@ -253,6 +253,35 @@ def partition_column_name(expression: str) -> tuple[str | None, bool]:
     return None, False
 
 
+def local_path_problem(path: str) -> str | None:
+    """Why Spark could not create and write the local directory ``path``, or None (also None
+    for non-local URLs like ``s3a://…``, which only the cluster can judge).
+
+    Probes by creating (and removing) a directory next to where ``path`` would be created, so
+    call it where the run starts, not on every config load (an Airflow DAG parse, a scheduler
+    host)."""
+    import tempfile
+
+    scheme = urlsplit(path).scheme if "://" in path or path.startswith("file:") else ""
+    if scheme not in ("", "file"):
+        return None
+    local = Path(path.split(":", 1)[1] if scheme == "file" else path).expanduser().absolute()
+    existing = local
+    while not existing.exists():
+        if existing.parent == existing:
+            return None
+        existing = existing.parent
+    if not existing.is_dir():
+        what = "is a file" if existing == local else f"would be inside {existing}, which is a file"
+        return f"{what}, not a directory"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".js-etl-probe-", dir=existing))
+    except OSError as e:
+        return (f"cannot create directories in {existing} ({e.strerror}; a read-only or "
+                "virtual filesystem, or no permission)")
+    return None
+
+
 def _strings(
     item: Callable[[str], str] | None = None,
     *,

@@ -7,6 +7,10 @@ misplace data, and bad paths are refused before anything is fetched.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -25,6 +29,7 @@ from js_etl.jetstream.errors import (
 from js_etl.spark.decode import Decoder, with_partition_columns
 from js_etl.spark.drain import run_drain
 
+BIN = Path(sys.executable).parent
 SCHEMA = "id BIGINT, kind STRING"
 TRAILING = "data after the JSON value: a payload must be exactly one JSON value"
 ARRAY = "payload is a JSON array: decode.schema describes one JSON object per message"
@@ -299,3 +304,63 @@ def test_missing_stream_and_consumer_are_named(js, names):
         js.consumer_info(names.stream, names.consumer)
     assert str(err.value) == (f"consumer '{names.consumer}' not found on stream "
                               f"'{names.stream}' (consumer not found) (code 404, err_code 10014)")
+
+
+# --- secrets are never echoed --------------------------------------------------------------------
+SECRET = "s3cr3tT0KEN_value"
+
+
+@pytest.mark.parametrize("setting", [
+    f"nats.token_file={SECRET}", f"nats.token_env={SECRET}",
+    f"nats.password_file={SECRET}", f"nats.password_env={SECRET}",
+    f"nats.creds_file={SECRET}", f"nats.nkey_seed_file={SECRET}",
+])
+def test_a_secret_pasted_as_a_path_or_variable_name_is_never_echoed(setting):
+    key = setting.split("=")[0]
+    user = ["nats.user=u"] if "password" in key else []
+    config = load_config(None, ["source.stream=S", "source.consumer=c", "target.path=/t",
+                                setting, *user], environ={})
+
+    with pytest.raises(ConfigError) as err:
+        config.nats.connection_options(environ={})
+
+    assert key in str(err.value) and SECRET not in str(err.value)
+
+
+# --- exit codes of the js-etl command ------------------------------------------------------------
+def js_etl(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return subprocess.run([str(BIN / "js-etl"), *args], capture_output=True, text=True,
+                          timeout=300, env=env)
+
+
+@pytest.mark.parametrize("where", ["under a regular file", "in /proc"])
+def test_unwritable_target_path_exits_2_naming_it_before_spark(nats_server, tmp_path, where):
+    (tmp_path / "a-file").write_text("not a directory\n")
+    path = tmp_path / "a-file" / "table" if where == "under a regular file" else \
+        Path("/proc/js-etl-test-table")
+    result = js_etl("drain", "--set", f"nats.servers={nats_server.url}",
+                    "--set", "source.stream=S", "--set", "source.consumer=c",
+                    "--set", f"target.path={path}")
+
+    assert result.returncode == 2, result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"js-etl: ConfigError: target.path {path}: ")
+    assert "Spark" not in result.stderr and "py4j" not in result.stderr  # refused before Spark
+
+
+def test_schema_clash_by_case_exits_2_before_anything_is_fetched(js, names, nats_server,
+                                                                  tmp_path):
+    add_stream(js, names)
+    publish_and_wait(js, names, [(f"{names.prefix}.e", json.dumps({"id": 1}).encode())])
+    result = js_etl("drain", "--set", f"nats.servers={nats_server.url}",
+                    "--set", f"source.stream={names.stream}",
+                    "--set", f"source.consumer={names.consumer}",
+                    "--set", "source.create_consumer=true",
+                    "--set", f"target.path={tmp_path / 'table'}", "--set", "decode.format=json",
+                    "--set", "decode.schema=id BIGINT, Subject STRING")
+
+    assert result.returncode == 2, result.stderr
+    assert "Subject" in result.stderr.strip().splitlines()[-1]
+    with pytest.raises(ConsumerNotFoundError):
+        js.consumer_info(names.stream, names.consumer)
