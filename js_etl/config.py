@@ -246,7 +246,7 @@ def partition_column_name(expression: str) -> tuple[str | None, bool]:
     if aliased:
         alias, source = unquote(aliased[2]), aliased[1]
         plain = re.fullmatch(rf"\s*{identifier}\s*", source)
-        return alias, bool(plain) and unquote(plain[1]).lower() == alias.lower()
+        return alias, plain is not None and unquote(plain[1]).lower() == alias.lower()
     bare = re.fullmatch(rf"\s*{identifier}\s*", expression)
     if bare:
         return unquote(bare[1]), True

@@ -46,8 +46,8 @@ PAYLOADS: dict[bytes, str | None] = {
     b'{"id":8}\n{"id":9}': TRAILING,  # two objects, one per line: the second was lost and acked
     b'{"id":10}/* comment */': TRAILING,
     b'{"id":11}]': TRAILING,  # closes the [ ] the check wraps it in
-    b'{"id":12},{"id":13}': "payload holds 2 JSON values: a payload must be exactly one JSON "
-                            "value",
+    b'{"id":12},{"id":13}': ("payload holds 2 JSON values: a payload must be exactly one JSON "
+                             "value"),
     b'[{"id":14},{"id":15}]': ARRAY,
     b"[]": ARRAY,
     b"7": f"payload is a JSON number, {OBJECT_ONLY}",
@@ -61,10 +61,10 @@ PAYLOADS: dict[bytes, str | None] = {
     b"{'id': 17}": "malformed JSON",  # single quotes: Spark's parser takes them by default
     b'{"id": NaN}': "malformed JSON",
     b'{"id": "x"}': f"JSON does not match decode.schema ({SCHEMA})",
-    b'{"foo": 1}': "JSON object has none of decode.schema's fields (it has: foo); fix "
-                   "decode.schema, or set decode.keep_raw to keep such payloads in the row",
-    b'{"ID": 18}': "JSON object has none of decode.schema's fields (it has: ID); fix "
-                   "decode.schema, or set decode.keep_raw to keep such payloads in the row",
+    b'{"foo": 1}': ("JSON object has none of decode.schema's fields (it has: foo); fix "
+                    "decode.schema, or set decode.keep_raw to keep such payloads in the row"),
+    b'{"ID": 18}': ("JSON object has none of decode.schema's fields (it has: ID); fix "
+                    "decode.schema, or set decode.keep_raw to keep such payloads in the row"),
     b"": "empty payload",
     b"\xff\xfe": "payload is not valid UTF-8",
 }
@@ -119,8 +119,8 @@ def test_unknown_fields_dead_letter_refuses_unnamed_and_repeated_fields(spark):
 
     assert [r.error for r in result.values()] == [
         None,
-        "JSON object has fields decode.schema does not name: extra (decode.unknown_fields is "
-        "dead_letter)",
+        ("JSON object has fields decode.schema does not name: extra (decode.unknown_fields is "
+         "dead_letter)"),
         "JSON object repeats a field (only one of its values could be kept)",
         None,
     ]
@@ -331,7 +331,7 @@ def test_a_secret_pasted_as_a_path_or_variable_name_is_never_echoed(setting):
 def js_etl(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     return subprocess.run([str(BIN / "js-etl"), *args], capture_output=True, text=True,
-                          timeout=300, env=env)
+                          timeout=300, env=env, check=False)
 
 
 @pytest.mark.parametrize("where", ["under a regular file", "in /proc"])

@@ -22,7 +22,11 @@ import pytest
 
 from js_etl.config import load_config
 from js_etl.jetstream import AckPolicy, ConsumerConfig, JetStreamSession, PriorityPolicy
-from js_etl.jetstream.errors import ConsumerConfigError, ConsumerNotFoundError
+from js_etl.jetstream.errors import (
+    ConsumerConfigError,
+    ConsumerNotFoundError,
+    StreamNotFoundError,
+)
 from js_etl.jetstream.server import LocalNatsServer
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -48,7 +52,7 @@ def js(server: LocalNatsServer) -> Iterator[JetStreamSession]:
 def fresh_stream(js: JetStreamSession, name: str) -> None:
     try:
         js.run(js.admin.delete_stream(name))
-    except Exception:  # not there yet
+    except StreamNotFoundError:  # not there yet
         pass
     js.run(js.admin.add_stream(name, [f"{name.lower()}.>"]))
 
@@ -61,7 +65,8 @@ def shell(command: str, nats_cli: str, server: LocalNatsServer, cwd: Path
            "NATS_URL": server.url, "HOME": str(cwd), "NO_COLOR": "1"}
     env.pop("NATS_CONTEXT", None)
     return subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=cwd, env=env,
-                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120,
+                          check=False)
 
 
 def printed_commands(message: str) -> list[str]:
@@ -199,8 +204,8 @@ def readme_commands() -> list[str]:
     """Complete ``nats`` commands in the README: inline code and ``sh`` blocks (run whole)."""
     text = README.read_text()
     commands = [c for c in PRINTED.findall(text) if "…" not in c]
-    for block in re.findall(r"```sh\n(.*?)```", text, re.S):
-        if re.search(r"^nats ", block, re.M):
+    for block in re.findall(r"```sh\n(.*?)```", text, re.DOTALL):
+        if re.search(r"^nats ", block, re.MULTILINE):
             commands.append(block.strip())
     return commands
 

@@ -86,6 +86,7 @@ class _TcpTransport(TcpTransport):
         except BaseException:
             self._upgrade_failed = True
             raise
+        assert transport is not None  # start_tls returns a transport or raises
         self._io_reader = reader
         self._io_writer = asyncio.StreamWriter(transport, protocol, reader, loop)
 
