@@ -214,6 +214,7 @@ def _drain(config: JobConfig, report_file: str | None, spark_submit: bool) -> in
 
     check_target_paths(config)
     options = config.nats.connection_options()  # secrets resolved before Spark starts
+    options.check_files()  # and credential/TLS files readable: exit 2 now, not after Spark
     spark = spark_session(config, spark_submit=spark_submit)
     return _emit(run_drain(spark, config, options=options), report_file)
 
@@ -252,6 +253,7 @@ def _backfill(args: argparse.Namespace, spark_submit: bool) -> int:
         drain_target = None
     check_target_paths(config)
     options = config.nats.connection_options()  # secrets resolved before Spark starts
+    options.check_files()
     job = Backfill(config, request, options=options, drain_target=drain_target)
     job.plan()  # NATS only: a range that cannot be backfilled fails here, before Spark starts
     spark = spark_session(config, spark_submit=spark_submit)

@@ -517,16 +517,9 @@ class NatsConfig(_Section):
                 return Secret.from_env(env_name, env, key=f"nats.{kind}_env")
             return Secret.from_file(file, key=f"nats.{kind}_file") if file else None
 
-        for key in ("creds_file", "nkey_seed_file"):
-            # Read by nats-py only inside its connect loop, where a missing file would be
-            # retried as if the server were down: check here, terminal, without the path.
-            path = getattr(self, key)
-            if path is not None:
-                Secret.from_file(path, key=f"nats.{key}")
         tls = None
         if self.tls.ca_file or self.tls.cert_file:
             tls = TlsOptions(self.tls.ca_file, self.tls.cert_file, self.tls.key_file)
-            tls.check_files()  # here, before Spark starts, and again where a connection opens
         return ConnectionOptions(
             servers=tuple(self.servers), name=self.name, connect_timeout=self.connect_timeout,
             creds_file=self.creds_file, nkey_seed_file=self.nkey_seed_file,

@@ -321,8 +321,8 @@ def test_a_secret_pasted_as_a_path_or_variable_name_is_never_echoed(setting):
     config = load_config(None, ["source.stream=S", "source.consumer=c", "target.path=/t",
                                 setting, *user], environ={})
 
-    with pytest.raises(ConfigError) as err:
-        config.nats.connection_options(environ={})
+    with pytest.raises(ConfigError) as err:  # before any connection, and before Spark starts
+        config.nats.connection_options(environ={}).check_files()
 
     assert key in str(err.value) and SECRET not in str(err.value)
 

@@ -217,6 +217,17 @@ def test_missing_tls_files_exit_2_naming_the_setting(nats_server, pki, tmp_path)
     assert "MIGHAgEA" not in result.stderr
 
 
+def test_drain_with_a_missing_tls_file_exits_2_before_spark_starts(nats_server, tmp_path):
+    missing_ca = tmp_path / "no-such-ca.pem"
+    args = status_args(nats_server.url, f"nats.tls.ca_file={missing_ca}")
+    result = js_etl("drain", *args[1:])
+
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        f"js-etl: ConfigError: nats.tls.ca_file: cannot read {missing_ca}")
+    assert "py4j" not in result.stderr and "Spark" not in result.stderr
+
+
 def test_unusable_tls_files_are_config_errors(nats_server, pki, stranger, tmp_path):
     garbage = tmp_path / "garbage.pem"
     garbage.write_text("not a certificate\n")

@@ -154,8 +154,21 @@ class ConnectionOptions:
     def api_prefix(self) -> str:
         return f"$JS.{self.domain}.API" if self.domain else "$JS.API"
 
+    def check_files(self) -> None:
+        """Raise ConfigError (exit 2, naming the setting) for a credentials or TLS file that
+        cannot be read. nats-py reads them only inside its connect loop, where a missing file
+        was retried like an unreachable server (exit 75). The paths of the credential files are
+        not shown: a seed pasted in place of a path would be echoed."""
+        for key, path in (("nats.creds_file", self.creds_file),
+                          ("nats.nkey_seed_file", self.nkey_seed_file)):
+            if path is not None:
+                Secret.from_file(path, key=key)
+        if self.tls is not None:
+            self.tls.check_files()
+
     def connect_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``nats.aio.client.Client.connect``."""
+        self.check_files()
         kw: dict[str, Any] = {
             "servers": list(self.servers),
             "name": self.name,
