@@ -295,15 +295,14 @@ def _unchecked_decode(schema: str) -> Any:
 def test_missing_stream_and_consumer_are_named(js, names):
     with pytest.raises(StreamNotFoundError) as err:
         js.stream_info(names.stream)
-    assert str(err.value) == (f"stream '{names.stream}' not found (stream not found) "
-                              "(code 404, err_code 10059)")
-    with pytest.raises(StreamNotFoundError, match=f"stream '{names.stream}' not found"):
+    assert str(err.value) == f"stream not found: '{names.stream}' (code 404, err_code 10059)"
+    with pytest.raises(StreamNotFoundError, match=f"stream not found: '{names.stream}'"):
         js.consumer_info(names.stream, names.consumer)
     add_stream(js, names)
     with pytest.raises(ConsumerNotFoundError) as err:
         js.consumer_info(names.stream, names.consumer)
-    assert str(err.value) == (f"consumer '{names.consumer}' not found on stream "
-                              f"'{names.stream}' (consumer not found) (code 404, err_code 10014)")
+    assert str(err.value) == (f"consumer not found: '{names.consumer}' on stream "
+                              f"'{names.stream}' (code 404, err_code 10014)")
 
 
 # --- secrets are never echoed --------------------------------------------------------------------

@@ -127,15 +127,14 @@ class JetStreamAdmin:
 
 def _named(error: JetStreamError, stream: str, consumer: str | None = None) -> JetStreamError:
     """The same error, saying which stream or consumer is missing (the server's text names
-    neither)."""
+    neither). The server's words stay first: callers and alerts match on them."""
     if isinstance(error, StreamNotFoundError):
-        what = f"stream {stream!r} not found"
+        what = f"{error.description}: {stream!r}"
     elif consumer is not None:
-        what = f"consumer {consumer!r} not found on stream {stream!r}"
+        what = f"{error.description}: {consumer!r} on stream {stream!r}"
     else:
         return error
-    return type(error)(f"{what} ({error.description})", code=error.code,
-                       err_code=error.err_code)
+    return type(error)(what, code=error.code, err_code=error.err_code)
 
 
 def consumer_add_command(stream: str, name: str, config: ConsumerConfig) -> str:
