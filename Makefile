@@ -5,7 +5,11 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test soak bench clean
+.PHONY: setup demo test soak bench clean nats-cli
+
+# The real NATS CLI for the tests that run every `nats …` command js-etl or the README prints.
+# The test fixture (tests/conftest.py: nats_cli) builds it the same way when it is missing.
+NATS_CLI_VERSION := v0.5.1
 
 setup: $(STAMP)
 	$(BIN)/python -m js_etl.spark.jars >/dev/null
@@ -33,6 +37,12 @@ soak: setup
 # Full-size benchmark (a few minutes): js-etl against the bare pull+ack loop and a simple peer.
 bench: setup
 	$(BIN)/js-etl bench
+
+nats-cli: .tools/bin/nats
+
+.tools/bin/nats:
+	GOBIN=$(CURDIR)/.tools/bin go install github.com/nats-io/natscli/nats@$(NATS_CLI_VERSION)
+	touch .tools/bin/.nats-$(NATS_CLI_VERSION)
 
 clean:
 	rm -rf .demo spark-warehouse metastore_db derby.log .pytest_cache

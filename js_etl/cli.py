@@ -196,10 +196,27 @@ def _require_delta(spark: SparkSession) -> None:
                             "'Running a drain'") from None
 
 
+def check_target_paths(config: JobConfig) -> None:
+    """Refuse (exit 2, path named) a local table or dead-letter path that cannot be written
+    (under a regular file, in /proc, no permission) before Spark starts, instead of an
+    unexplained failure (exit 1) after the first round was fetched."""
+    from js_etl.config import local_path_problem
+    from js_etl.errors import ConfigError
+
+    target = config.target
+    for key, path in (("target.path", target.path),
+                      ("target.dead_letter_path", target.resolved_dead_letter_path)):
+        problem = local_path_problem(path) if path else None
+        if problem:
+            raise ConfigError(f"{key} {path}: {problem}; point it at a writable directory")
+
+
 def _drain(config: JobConfig, report_file: str | None, spark_submit: bool) -> int:
     from js_etl.spark.drain import run_drain
 
+    check_target_paths(config)
     options = config.nats.connection_options()  # secrets resolved before Spark starts
+    options.check_files()  # and credential/TLS files readable: exit 2 now, not after Spark
     spark = spark_session(config, spark_submit=spark_submit)
     # SIGTERM (Airflow stopping a task, a scheduler's timeout) ends the run at the next round
     # boundary: the round in progress is committed and acked, the rest released, the lock freed.
@@ -246,7 +263,9 @@ def _backfill(args: argparse.Namespace, spark_submit: bool) -> int:
         drain_target: DeltaTarget | None = DeltaTarget(drain.path, drain.table)
     except JsEtlError:  # no target without the overrides: no drain of this config writes one
         drain_target = None
+    check_target_paths(config)
     options = config.nats.connection_options()  # secrets resolved before Spark starts
+    options.check_files()
     job = Backfill(config, request, options=options, drain_target=drain_target)
     job.plan()  # NATS only: a range that cannot be backfilled fails here, before Spark starts
     spark = spark_session(config, spark_submit=spark_submit)

@@ -220,6 +220,68 @@ def _split_commas(text: str) -> list[str]:
     return [item.strip() for item in items if item.strip()]
 
 
+def ddl_field_names(ddl: str) -> list[str] | None:
+    """Top-level field names of a Spark DDL schema (``id BIGINT, `a b` STRING, c: INT``),
+    without Spark; None when it cannot tell (Spark's own parser judges the schema later)."""
+    names = []
+    for item in _split_commas(ddl.replace("<", "(").replace(">", ")")):
+        match = re.match(r"\s*(`(?:[^`]|``)+`|[^\s:`]+)\s*:?", item)
+        if not match:
+            return None
+        name = match[1]
+        names.append(name[1:-1].replace("``", "`") if name.startswith("`") else name)
+    return names
+
+
+def partition_column_name(expression: str) -> tuple[str | None, bool]:
+    """The column name a ``target.partition_by`` expression gets, and whether the expression is
+    only that column (``date``, ``date AS date``). ``(None, False)`` when Spark names it (an
+    expression without ``AS``)."""
+    identifier = r"(`(?:[^`]|``)+`|[A-Za-z_][A-Za-z0-9_]*)"
+
+    def unquote(name: str) -> str:
+        return name[1:-1].replace("``", "`") if name.startswith("`") else name
+
+    aliased = re.fullmatch(rf"(?is)\s*(.*?)\s+AS\s+{identifier}\s*", expression)
+    if aliased:
+        alias, source = unquote(aliased[2]), aliased[1]
+        plain = re.fullmatch(rf"\s*{identifier}\s*", source)
+        return alias, plain is not None and unquote(plain[1]).lower() == alias.lower()
+    bare = re.fullmatch(rf"\s*{identifier}\s*", expression)
+    if bare:
+        return unquote(bare[1]), True
+    return None, False
+
+
+def local_path_problem(path: str) -> str | None:
+    """Why Spark could not create and write the local directory ``path``, or None (also None
+    for non-local URLs like ``s3a://…``, which only the cluster can judge).
+
+    Probes by creating (and removing) a directory next to where ``path`` would be created, so
+    call it where the run starts, not on every config load (an Airflow DAG parse, a scheduler
+    host)."""
+    import tempfile
+
+    scheme = urlsplit(path).scheme if "://" in path or path.startswith("file:") else ""
+    if scheme not in ("", "file"):
+        return None
+    local = Path(path.split(":", 1)[1] if scheme == "file" else path).expanduser().absolute()
+    existing = local
+    while not existing.exists():
+        if existing.parent == existing:
+            return None
+        existing = existing.parent
+    if not existing.is_dir():
+        what = "is a file" if existing == local else f"would be inside {existing}, which is a file"
+        return f"{what}, not a directory"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".js-etl-probe-", dir=existing))
+    except OSError as e:
+        return (f"cannot create directories in {existing} ({e.strerror}; a read-only or "
+                "virtual filesystem, or no permission)")
+    return None
+
+
 def _strings(
     item: Callable[[str], str] | None = None,
     *,
@@ -427,6 +489,12 @@ class NatsConfig(_Section):
             raise ConfigError(
                 "nats.user is set without a password; set nats.password_env or nats.password_file"
             )
+        plain_ws = [s for s in self.servers if s.lower().startswith("ws://")]
+        if plain_ws and (self.tls.ca_file or self.tls.cert_file):
+            raise ConfigError(
+                f"nats.tls is set but nats.servers has plain websocket URL(s) ({plain_ws[0]}); "
+                "TLS settings mean TLS: use wss:// URLs, or remove nats.tls"
+            )
         token = "token_env" if self.token_env is not None else "token_file"
         _exclusive(
             self,
@@ -443,10 +511,11 @@ class NatsConfig(_Section):
 
         env = dict(os.environ if environ is None else environ)
 
-        def secret(env_name: str | None, file: str | None) -> Secret | None:
+        def secret(kind: str, env_name: str | None, file: str | None) -> Secret | None:
+            # Errors name the setting, never its value: it may be the secret pasted by mistake.
             if env_name:
-                return Secret.from_env(env_name, env)
-            return Secret.from_file(file) if file else None
+                return Secret.from_env(env_name, env, key=f"nats.{kind}_env")
+            return Secret.from_file(file, key=f"nats.{kind}_file") if file else None
 
         tls = None
         if self.tls.ca_file or self.tls.cert_file:
@@ -454,8 +523,9 @@ class NatsConfig(_Section):
         return ConnectionOptions(
             servers=tuple(self.servers), name=self.name, connect_timeout=self.connect_timeout,
             creds_file=self.creds_file, nkey_seed_file=self.nkey_seed_file,
-            token=secret(self.token_env, self.token_file), user=self.user,
-            password=secret(self.password_env, self.password_file), tls=tls, domain=self.domain)
+            token=secret("token", self.token_env, self.token_file), user=self.user,
+            password=secret("password", self.password_env, self.password_file), tls=tls,
+            domain=self.domain)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -536,8 +606,27 @@ class DecodeConfig(_Section):
     format: Literal["raw", "text", "json"] = _setting("raw", _choice("raw", "text", "json"))
     schema: str | None = _setting(None, _TEXT)  # Spark DDL, e.g. "id BIGINT, kind STRING"
     merge_schema: bool = _setting(False, _BOOL)
+    # json: also keep each good row's raw payload, in a binary column `data`.
+    keep_raw: bool = _setting(False, _BOOL)
+    # json: what a top-level field decode.schema does not name does to its payload.
+    unknown_fields: Literal["ignore", "dead_letter"] = _setting(
+        "ignore", _choice("ignore", "dead_letter"))
 
     def _check(self) -> None:
+        for key, off in (("keep_raw", False), ("unknown_fields", "ignore")):
+            if self.format != "json" and getattr(self, key) != off:
+                raise ConfigError(
+                    f"decode.{key} is set but decode.format is {self.format!r}; it applies only "
+                    "to json (raw and text keep the whole payload): remove it or set "
+                    "decode.format to 'json'"
+                )
+        if self.format == "json" and self.schema is not None:
+            from js_etl.spark.decode import schema_field_problem
+
+            names = ddl_field_names(self.schema)
+            problem = schema_field_problem(names) if names is not None else None
+            if problem:
+                raise ConfigError(problem)
         if self.format == "json" and self.schema is None:
             raise ConfigError(
                 "decode.format is 'json' but decode.schema is not set; set decode.schema to a "
@@ -621,6 +710,30 @@ class JobConfig(_Section):
     decode: DecodeConfig = _section(DecodeConfig)
     target: TargetConfig = _section(TargetConfig, required=True)
     spark: SparkConfig = _section(SparkConfig)
+
+    def _check(self) -> None:
+        # A partition expression whose name the table already has is not added (the existing
+        # column wins): `to_date(published_at) AS date` next to a JSON field `date` put every row
+        # into __HIVE_DEFAULT_PARTITION__. Refused here, before anything is fetched.
+        from js_etl.spark.decode import ORIGIN_COLUMNS
+
+        columns = list(ORIGIN_COLUMNS)
+        if self.decode.format == "json":
+            columns += ddl_field_names(self.decode.schema or "") or []
+            columns += ["data"] if self.decode.keep_raw else []
+        else:
+            columns.append("data" if self.decode.format == "raw" else "text")
+        taken = {c.lower(): c for c in columns}
+        for expression in self.target.partition_by:
+            name, plain = partition_column_name(expression)
+            if name is None or plain or name.lower() not in taken:
+                continue
+            raise ConfigError(
+                f"target.partition_by {expression!r} names its column {name!r}, but the table "
+                f"already has a column {taken[name.lower()]!r} (names are compared ignoring "
+                "case), so the expression would never be used: give it another name, e.g. "
+                f"'... AS {name}_part', or rename the decode.schema field"
+            )
 
     @property
     def job_id(self) -> str:

@@ -70,3 +70,37 @@ def spark() -> Iterator[object]:
         yield session
     finally:
         session.stop()
+
+
+# The real NATS CLI, for the tests that run every `nats …` command js-etl or the README prints.
+NATS_CLI_MODULE = "github.com/nats-io/natscli/nats"
+NATS_CLI_VERSION = "v0.5.1"
+
+
+@pytest.fixture(scope="session")
+def nats_cli() -> str:
+    """Path of the ``nats`` CLI (v0.5.1), built once per checkout into ``.tools/bin`` with
+    ``go install`` (the Go module proxy is reachable from CI); skipped, saying why, without Go."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    bin_dir = Path(__file__).resolve().parents[1] / ".tools" / "bin"
+    cli = bin_dir / "nats"
+    stamp = bin_dir / f".nats-{NATS_CLI_VERSION}"
+    if cli.exists() and stamp.exists():
+        return str(cli)
+    go = shutil.which("go") or next(
+        (str(p) for p in (Path("/usr/local/go/bin/go"), Path.home() / "go" / "bin" / "go")
+         if p.exists()), None)
+    if go is None:
+        pytest.skip("the nats CLI tests need Go to build natscli "
+                    f"{NATS_CLI_VERSION} (go install {NATS_CLI_MODULE}); go is not installed")
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    built = subprocess.run([go, "install", f"{NATS_CLI_MODULE}@{NATS_CLI_VERSION}"],
+                           env={**os.environ, "GOBIN": str(bin_dir)}, capture_output=True,
+                           text=True, timeout=1800)
+    if built.returncode != 0:
+        pytest.fail(f"building the nats CLI failed: {built.stderr[-2000:]}")
+    stamp.touch()
+    return str(cli)

@@ -4,6 +4,7 @@ groups (and we want one typed error per server ``err_code``)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -17,7 +18,9 @@ from js_etl.jetstream.client import JetStreamConnection
 from js_etl.jetstream.errors import (
     ConsumerConfigError,
     ConsumerNotFoundError,
+    JetStreamError,
     NatsUnavailableError,
+    StreamNotFoundError,
 )
 
 
@@ -38,7 +41,10 @@ class JetStreamAdmin:
         return await self.conn.request(api, body, self.timeout)
 
     async def stream_info(self, stream: str) -> StreamInfo:
-        return StreamInfo.from_response(await self._call(f"STREAM.INFO.{stream}"))
+        try:
+            return StreamInfo.from_response(await self._call(f"STREAM.INFO.{stream}"))
+        except StreamNotFoundError as e:
+            raise _named(e, stream) from None
 
     async def add_stream(self, name: str, subjects: list[str], **config: Any) -> StreamInfo:
         body = {"name": name, "subjects": subjects, "storage": "file", "num_replicas": 1, **config}
@@ -51,7 +57,13 @@ class JetStreamAdmin:
         await self._call(f"STREAM.PURGE.{name}", {"keep": keep} if keep is not None else None)
 
     async def consumer_info(self, stream: str, consumer: str) -> ConsumerInfo:
-        return ConsumerInfo.from_response(await self._call(f"CONSUMER.INFO.{stream}.{consumer}"))
+        return ConsumerInfo.from_response(await self._consumer_info_raw(stream, consumer))
+
+    async def _consumer_info_raw(self, stream: str, consumer: str) -> dict[str, Any]:
+        try:
+            return await self._call(f"CONSUMER.INFO.{stream}.{consumer}")
+        except (StreamNotFoundError, ConsumerNotFoundError) as e:
+            raise _named(e, stream, consumer) from None
 
     async def create_consumer(self, stream: str, config: ConsumerConfig, *,
                               action: str = "create") -> ConsumerInfo:
@@ -90,38 +102,80 @@ class JetStreamAdmin:
         ConsumerConfigError when an existing one cannot serve a drain.
         """
         name = desired.durable_name or ""
+        ack_wait = max(desired.ack_wait or 0.0, min_ack_wait)
         try:
-            info = await self.consumer_info(stream, name)
-        except ConsumerNotFoundError:
+            raw = await self._consumer_info_raw(stream, name)
+        except ConsumerNotFoundError as e:
             if not create:
+                command = consumer_add_command(stream, name, replace(desired, ack_wait=ack_wait))
                 raise ConsumerNotFoundError(
-                    f"consumer {name!r} not found on stream {stream!r}: create it "
-                    f"(set source.create_consumer: true, or `nats consumer add {stream} {name} "
-                    "--pull --ack explicit`)", code=404, err_code=10014) from None
-            ack_wait = max(desired.ack_wait or 0.0, min_ack_wait)
+                    f"consumer {name!r} not found on stream {stream!r}: create it (set "
+                    f"source.create_consumer: true, or run `{command}`)",
+                    code=e.code or 404, err_code=e.err_code or 10014) from None
             info = await self.create_consumer(stream, replace(desired, ack_wait=ack_wait))
-        problems = drain_consumer_problems(info.config, min_ack_wait=min_ack_wait)
+            raw = {"config": {}}
+        else:
+            info = ConsumerInfo.from_response(raw)
+        problems = drain_consumer_problems(
+            info.config, min_ack_wait=min_ack_wait, stream=stream, consumer=name,
+            headers_only=bool((raw.get("config") or {}).get("headers_only")))
         if problems:
             raise ConsumerConfigError(f"consumer {stream}/{name} cannot be drained: "
                                       + "; ".join(problems))
         return info
 
 
-def drain_consumer_problems(config: ConsumerConfig, *, min_ack_wait: float) -> list[str]:
-    """What keeps an existing consumer from serving an ack-after-commit drain, with fixes."""
+def _named(error: JetStreamError, stream: str, consumer: str | None = None) -> JetStreamError:
+    """The same error, saying which stream or consumer is missing (the server's text names
+    neither). The server's words stay first: callers and alerts match on them."""
+    if isinstance(error, StreamNotFoundError):
+        what = f"{error.description}: {stream!r}"
+    elif consumer is not None:
+        what = f"{error.description}: {consumer!r} on stream {stream!r}"
+    else:
+        return error
+    return type(error)(what, code=error.code, err_code=error.err_code)
+
+
+def consumer_add_command(stream: str, name: str, config: ConsumerConfig) -> str:
+    """The ``nats`` CLI command (v0.5) that creates the durable pull consumer a drain wants.
+    ``--defaults`` lets it run without a terminal (without it the CLI prompts, and fails)."""
+    parts = ["nats consumer add", stream, name, "--pull", "--ack explicit"]
+    if config.ack_wait:
+        parts.append(f"--wait {config.ack_wait:g}s")
+    if config.max_ack_pending:
+        parts.append(f"--max-pending {config.max_ack_pending}")
+    parts += [f"--filter {subject}" for subject in config.filter_subjects]
+    parts.append("--defaults")
+    return " ".join(parts)
+
+
+def drain_consumer_problems(config: ConsumerConfig, *, min_ack_wait: float,
+                            stream: str = "STREAM", consumer: str = "CONSUMER",
+                            headers_only: bool = False) -> list[str]:
+    """What keeps an existing consumer from serving an ack-after-commit drain, each with the
+    ``nats`` CLI command that fixes it (v0.5; each runs as printed, without a terminal)."""
     problems = []
+    replacement = (f"`nats consumer add {stream} {consumer}_pull --pull --ack explicit "
+                   "--defaults`, then set source.consumer to it")
     if config.deliver_subject:
         problems.append("it is a push consumer (deliver_subject set); a drain needs a pull "
-                        "consumer: create a new durable without --target")
+                        f"consumer: create one under a new name, e.g. {replacement}")
     if config.ack_policy is not AckPolicy.EXPLICIT:
         problems.append(f"ack policy is {config.ack_policy.value!r}; a drain acks each message "
-                        "after its Delta commit and needs 'explicit' (ack policy cannot be "
-                        "changed: create a new consumer)")
+                        "after its Delta commit and needs 'explicit'; an ack policy cannot be "
+                        f"changed, so create a new consumer, e.g. {replacement}")
+    if headers_only:
+        problems.append("it delivers headers only (headers_only), so every payload would be "
+                        "lost: turn it off with "
+                        f"`nats consumer edit {stream} {consumer} --no-headers-only -f`")
     if config.ack_wait is not None and config.ack_wait < min_ack_wait:
+        seconds = math.ceil(min_ack_wait) + 1
         problems.append(f"ack_wait {config.ack_wait:g}s is shorter than one round needs "
-                        f"({min_ack_wait:g}s): messages would be redelivered before their commit; "
-                        f"raise it (`nats consumer edit --wait {int(min_ack_wait) + 1}s`) or lower "
-                        "fetch.partition_max_bytes")
+                        f"({min_ack_wait:g}s): messages would be redelivered before their "
+                        "commit; raise it with "
+                        f"`nats consumer edit {stream} {consumer} --wait {seconds}s -f`, or lower "
+                        "fetch.pull_timeout (a round needs 3 x fetch.pull_timeout)")
     if config.max_ack_pending == 0:
         problems.append("max_ack_pending is 0")
     return problems
@@ -137,8 +191,6 @@ async def first_message_at_or_after(admin: JetStreamAdmin, stream: str,
     message still stored; a later one answers 404 err_code 10037 "no message found"). The answer
     carries the message's payload too, so this is for resolving a few bounds, not for reading.
     """
-    from js_etl.jetstream.errors import JetStreamError
-
     try:
         answer = await admin.conn.request(f"STREAM.MSG.GET.{stream}", {"start_time": start_time},
                                           admin.timeout)

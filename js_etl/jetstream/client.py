@@ -7,22 +7,32 @@ hands each frame to the pull as raw bytes, which buys us two things nats-py cann
 * every value of a repeated header (nats-py's parsed ``headers`` dict keeps only the last), and
 * no per-message ``Msg`` object, header dict or queue hop on the hot path.
 
-nats-py is pinned exactly in ``pyproject.toml`` because of this hook.
+nats-py is pinned exactly in ``pyproject.toml`` because of this hook, and of the connect-path
+fixes below (:class:`_TcpTransport`, and ``_RawClient``'s connect overrides): every connection
+attempt, TLS handshake included, ends within ``connect_timeout``; a certificate that does not
+verify, or a server without TLS when TLS is required, ends the connect at once (terminal).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import ssl
+import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import ParseResult
 
 import nats.aio.client
 import nats.errors
+from nats.aio.transport import TcpTransport
 
+from js_etl.errors import JsEtlError
 from js_etl.jetstream.errors import (
     AuthorizationError,
     JetStreamError,
     NatsUnavailableError,
+    TlsError,
     api_error,
 )
 from js_etl.jetstream.options import ConnectionOptions
@@ -31,12 +41,137 @@ from js_etl.jetstream.options import ConnectionOptions
 FrameSink = Callable[[bytes, bytes, bytes, bytes | None], None]
 
 
-class _RawClient(nats.aio.client.Client):
-    """A nats-py client that passes frames of registered sids straight to a sink."""
+class _TlsStreamProtocol(asyncio.StreamReaderProtocol):
+    """The stream protocol of an upgraded (STARTTLS-style) connection.
+
+    ``loop.start_tls`` never calls ``connection_made`` on it, so asyncio's own protocol does not
+    know it runs over TLS and answers EOF with "keep open", which asyncio's TLS layer logs as
+    ``returning true from eof_received() has no effect when using ssl`` on every close.
+    """
+
+    def eof_received(self) -> bool:
+        super().eof_received()
+        return False
+
+
+class _TcpTransport(TcpTransport):
+    """nats-py's TCP transport, fixed for a TLS handshake that fails or times out.
+
+    nats-py hands the socket to ``loop.start_tls``; when the handshake fails, asyncio closes the
+    socket under the TLS layer, and the plain stream nats-py then waits on to close is never told:
+    ``Client._close`` awaited it for ever (measured: ``js-etl status`` with connect_timeout 2 s
+    against a server whose certificate the client cannot verify printed nothing and was still
+    hanging when killed at 30 s; issue 17 saw 300 s). After a failed upgrade there is nothing left
+    to wait for.
+    """
 
     def __init__(self) -> None:
         super().__init__()
+        self._upgrade_failed = False
+
+    async def connect(self, uri: ParseResult, buffer_size: int, connect_timeout: float) -> None:
+        self._upgrade_failed = False
+        await super().connect(uri, buffer_size, connect_timeout)  # type: ignore[arg-type]
+
+    async def connect_tls(self, uri: str | ParseResult, ssl_context: ssl.SSLContext,
+                          buffer_size: int, connect_timeout: float) -> None:
+        assert self._io_writer, "connect must be called first"
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        protocol = _TlsStreamProtocol(reader)
+        hostname = uri if isinstance(uri, str) else uri.hostname
+        try:
+            transport = await asyncio.wait_for(
+                loop.start_tls(self._io_writer.transport, protocol, ssl_context,
+                               server_hostname=hostname), connect_timeout)
+        except BaseException:
+            self._upgrade_failed = True
+            raise
+        assert transport is not None  # start_tls returns a transport or raises
+        self._io_reader = reader
+        self._io_writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+
+    async def wait_closed(self) -> None:
+        if self._upgrade_failed:
+            return  # start_tls closed the socket itself; no callback will ever come
+        await super().wait_closed()
+
+
+class _ConnectRefused(Exception):
+    """Ends nats-py's connect loop at once: not an ``OSError`` or ``nats.errors.Error``, which
+    it would retry. Only raised on the first connect of a client (see ``_RawClient``)."""
+
+    def __init__(self, error: JsEtlError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _RawClient(nats.aio.client.Client):
+    """A nats-py client that passes frames of registered sids straight to a sink, and whose
+    connect attempts are bounded, verified and never downgraded (see the module docstring)."""
+
+    def __init__(self, *, require_tls: bool = False) -> None:
+        super().__init__()
         self.raw_sinks: dict[int, FrameSink] = {}
+        self.require_tls = require_tls
+        self._first_connect = False
+        self._attempt_deadline = 0.0
+
+    async def connect(self, *args: Any, **kwargs: Any) -> None:
+        self._first_connect = True
+        try:
+            await super().connect(*args, **kwargs)
+        finally:
+            self._first_connect = False
+
+    async def _connect_to_server(self, s: Any) -> None:
+        # One deadline for the whole attempt: TCP connect, INFO, TLS handshake, CONNECT/PONG.
+        # nats-py gives each step its own connect_timeout, so one attempt could take four.
+        timeout = float(self.options["connect_timeout"])
+        self._attempt_deadline = asyncio.get_running_loop().time() + timeout
+        if s.uri.scheme in ("ws", "wss"):
+            async with asyncio.timeout_at(self._attempt_deadline):
+                await super()._connect_to_server(s)
+            return
+        s.last_attempt = time.monotonic()
+        if not isinstance(self._transport, _TcpTransport):
+            self._transport = _TcpTransport()
+        async with asyncio.timeout_at(self._attempt_deadline):
+            await self._transport.connect(s.uri, nats.aio.client.DEFAULT_BUFFER_SIZE, timeout)
+
+    async def _process_connect_init(self) -> None:
+        try:
+            async with asyncio.timeout_at(self._attempt_deadline):
+                await super()._process_connect_init()
+        except ssl.SSLCertVerificationError as e:
+            if not self._first_connect:
+                raise  # a reconnect: nats-py retries, then gives up and reports it
+            raise _ConnectRefused(TlsError(
+                f"the TLS certificate of {self._server_url()} does not verify: "
+                f"{e.verify_message or e.reason} ({_tls_fix(self.options)})")) from e
+
+    async def _process_info(self, info: dict[str, Any], initial_connection: bool = False
+                            ) -> None:
+        await super()._process_info(info, initial_connection)
+        server = self._current_server
+        if not (initial_connection and self.require_tls) or server is None:
+            return
+        if server.uri.scheme == "wss" or info.get("tls_required"):
+            return  # already TLS (websocket over TLS), or nats-py upgrades now
+        if info.get("tls_available"):
+            # The server allows both: nats-py upgrades only when TLS is required, so require it.
+            info["tls_required"] = True
+            return
+        if not self._first_connect:
+            raise nats.errors.Error("nats: secure connection not available")
+        raise _ConnectRefused(TlsError(
+            f"secure connection not available: {self._server_url()} does not offer TLS, and "
+            "a tls:// URL or nats.tls.* setting requires it; enable TLS on the server, or use "
+            "a nats:// URL without nats.tls settings"))
+
+    def _server_url(self) -> str:
+        server = self._current_server
+        return server.uri.geturl() if server is not None else "the server"
 
     async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes,
                            headers: bytes | None) -> None:
@@ -75,15 +210,20 @@ class JetStreamConnection:
 
     @classmethod
     async def open(cls, options: ConnectionOptions) -> JetStreamConnection:
-        nc = _RawClient()
+        kwargs = options.connect_kwargs()  # a bad TLS file is a ConfigError here, not a retry
+        nc = _RawClient(require_tls=options.requires_tls)
         errors: list[BaseException] = []
 
         async def on_error(e: BaseException) -> None:
             errors.append(e)
 
         try:
-            await nc.connect(error_cb=on_error, **options.connect_kwargs())
+            await nc.connect(error_cb=on_error, **kwargs)
+        except _ConnectRefused as e:
+            _abandon(nc)
+            raise e.error from None
         except Exception as e:  # nats-py raises several unrelated types here
+            _abandon(nc)
             raise _connect_error(e, errors, options) from e
         conn = cls(nc, options)
 
@@ -125,18 +265,51 @@ class JetStreamConnection:
         return data
 
 
+def _abandon(nc: _RawClient) -> None:
+    """Close the socket of a connect that failed or was refused (no task runs on it yet)."""
+    transport = nc._transport
+    if transport:
+        transport.close()
+
+
+def _tls_fix(options: dict[str, Any]) -> str:
+    if options.get("tls") is not None:
+        return ("check nats.tls.ca_file: it must hold the CA that signed the server's "
+                "certificate, and the URL's host must be named in that certificate")
+    return ("the system's trust store was used: set nats.tls.ca_file to the CA that signed the "
+            "server's certificate")
+
+
 def _connect_error(e: BaseException, seen: list[BaseException],
                    options: ConnectionOptions) -> JetStreamError:
     servers = ", ".join(options.servers)
-    text = " ".join(str(x) for x in [*seen, e]).lower()
+    causes = [*seen, e]
+    text = " ".join(str(x) for x in causes).lower()
     refusals = ("authorization", "authentication", "permissions")
     if any(word in text for word in refusals):
         # After the retries nats-py raises NoServersError; name the server's refusal instead.
-        cause = next(x for x in [*seen, e] if any(word in str(x).lower() for word in refusals))
+        cause = next(x for x in causes if any(word in str(x).lower() for word in refusals))
         return AuthorizationError(f"NATS refused the credentials at {servers}: "
                                   f"check nats.creds_file / token / user settings ({cause})")
     if isinstance(e, ValueError | OSError) and "seed" in text:
         return AuthorizationError(f"cannot use the nkey seed/creds file: {e}")
-    return NatsUnavailableError(f"cannot connect to NATS at {servers}: "
-                                f"{type(e).__name__}: {e or (seen[-1] if seen else '')}")
-
+    alert = next((x for x in causes if isinstance(x, ssl.SSLError)
+                  and "alert" in str(x).lower()), None)
+    if alert is not None:
+        # The server ended the handshake with an alert: it does not accept our certificate
+        # (or our lack of one). Retrying cannot change that.
+        reason = getattr(alert, "reason", None) or str(alert)
+        fix = ("it requires a client certificate: set nats.tls.cert_file and nats.tls.key_file"
+               if "certificate_required" in str(alert).lower() else
+               "check nats.tls.cert_file / nats.tls.key_file: the server must trust the CA "
+               "that signed the client certificate")
+        return TlsError(f"the server at {servers} refused the TLS connection ({reason}): {fix}")
+    # The most telling cause: nats-py ends with NoServersError, which says nothing.
+    cause = next((x for x in reversed(causes) if not isinstance(x, nats.errors.NoServersError)),
+                 e)
+    if isinstance(cause, TimeoutError | asyncio.TimeoutError):
+        why = (f"no answer within nats.connect_timeout ({options.connect_timeout:g}s) on any "
+               "attempt")
+    else:
+        why = f"{type(cause).__name__}: {cause}"
+    return NatsUnavailableError(f"cannot connect to NATS at {servers}: {why}")

@@ -31,6 +31,11 @@ class AuthorizationError(JetStreamError, TerminalError):
     """The server refused the credentials, or the user may not use this subject."""
 
 
+class TlsError(JetStreamError, TerminalError):
+    """TLS cannot be had: the server's certificate does not verify, or a server without TLS
+    was asked for it. Retrying unchanged fails the same way, so it is terminal."""
+
+
 class JetStreamNotEnabledError(JetStreamError, TerminalError):
     """JetStream is not enabled on the server or for the account."""
 
