@@ -108,7 +108,7 @@ def test_server_side_max_deliver_is_refused_before_fetching(spark, js, names, na
     table = tmp_path / "table"
     config = config_for(names, nats_server.url, table)
 
-    with pytest.raises(ConsumerConfigError, match=r"--max-deliver=-1") as refused:
+    with pytest.raises(ConsumerConfigError, match=r"max_deliver 2: .*--max-deliver=-1") as refused:
         run_drain(spark, config)
 
     assert refused.value.exit_code == 2

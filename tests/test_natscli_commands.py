@@ -215,6 +215,20 @@ def readme_elided_commands() -> list[str]:
     return [c for c in PRINTED.findall(README.read_text()) if "…" in c]
 
 
+def test_printed_fix_for_a_server_side_max_deliver_runs(js, server, nats_cli, tmp_path):
+    fresh_stream(js, "MAXD")
+    made = shell("nats consumer add MAXD etl --pull --ack explicit --max-deliver 2 --defaults",
+                 nats_cli, server, tmp_path)
+    assert made.returncode == 0, made.stderr
+    with pytest.raises(ConsumerConfigError) as err:
+        ensure(js, "MAXD", desired("etl"))
+    assert "max_deliver 2" in str(err.value)
+
+    run_printed(str(err.value), nats_cli, server, tmp_path)
+
+    assert ensure(js, "MAXD", desired("etl")).config.max_deliver in (None, -1)  # accepted now
+
+
 def test_the_readme_shows_the_fixes_of_issue_17():
     commands = " ".join(readme_commands())
     for fix in ("--pull --ack explicit", "--defaults", "--no-headers-only -f", "--wait 16s -f",
@@ -230,6 +244,7 @@ def prepare(js: JetStreamSession, command: str) -> None:
         words = shlex.split(line) if line.startswith("nats consumer edit") else []
         if words:
             broken = ({"headers_only": True} if "--no-headers-only" in words
+                      else {"max_deliver": 2} if "--max-deliver=-1" in words
                       else {"ack_wait": 5_000_000_000})
             js.run(js.conn.request(f"CONSUMER.CREATE.ORDERS.{words[4]}", {
                 "stream_name": "ORDERS", "action": "create",
@@ -267,16 +282,7 @@ def cli_flags(nats_cli: str, subcommand: list[str], server: LocalNatsServer, cwd
     return {f"--{f}" for f in flags} | {f"--no-{f}" for f in flags} | {"-f", "-s"}
 
 
-def _elided(command: str) -> Any:
-    if "--priority-groups" in command:
-        return pytest.param(command, marks=pytest.mark.xfail(strict=True, reason=(
-            "README 'How a run works' (the lead's section) still shows --priority-groups / "
-            "--priority-policy, which natscli v0.5 does not have; the working commands are in "
-            "Troubleshooting, the replacement text is in the issue-17 report")))
-    return command
-
-
-@pytest.mark.parametrize("command", [_elided(c) for c in readme_elided_commands()])
+@pytest.mark.parametrize("command", readme_elided_commands())
 def test_readme_elided_command_uses_real_flags(server, nats_cli, tmp_path, command):
     for part in command.split("&&"):
         words = part.split()

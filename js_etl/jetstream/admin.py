@@ -176,6 +176,15 @@ def drain_consumer_problems(config: ConsumerConfig, *, min_ack_wait: float,
                         "commit; raise it with "
                         f"`nats consumer edit {stream} {consumer} --wait {seconds}s -f`, or lower "
                         "fetch.pull_timeout (a round needs 3 x fetch.pull_timeout)")
+    if config.max_deliver is not None and config.max_deliver > 0:
+        # The server drops a message after max_deliver deliveries and moves its ack floor past
+        # it (reference §13); a run that dies after fetching, or a fence NAK, spends a delivery
+        # without committing. No timing makes that safe, so the drain refuses the limit.
+        problems.append(f"max_deliver {config.max_deliver}: the server drops a message after "
+                        "that many deliveries, and a run that dies after fetching spends one, so "
+                        "a crash could lose messages for good (js-etl parks poison itself: "
+                        "source.max_deliver); remove the limit with "
+                        f"`nats consumer edit {stream} {consumer} --max-deliver=-1 -f`")
     if config.max_ack_pending == 0:
         problems.append("max_ack_pending is 0")
     return problems

@@ -46,10 +46,11 @@ only if its delivery-sequence token lies in the consumer's window (ack floor, la
 and the stream sequence is pending — so NAKs use the last delivered consumer sequence, and a
 NAK for a message that is not pending is ignored.
 
-A server-side ``max_deliver`` is refused: the server drops a message after that many deliveries
-and moves the ack floor past it, and a run that dies after its fetch (or a NAK of the fence)
-spends a delivery without committing — so a crash could lose a message for good. js-etl parks
-poison itself instead (``source.max_deliver``), in the dead-letter table, after its commit.
+A server-side ``max_deliver`` is refused (``drain_consumer_problems``): the server drops a
+message after that many deliveries and moves the ack floor past it, and a run that dies after
+its fetch (or a NAK of the fence) spends a delivery without committing — so a crash could lose a
+message for good. js-etl parks poison itself instead (``source.max_deliver``), in the
+dead-letter table, after its commit.
 """
 
 from __future__ import annotations
@@ -76,7 +77,6 @@ from js_etl.jetstream import (
     ack_subject,
 )
 from js_etl.jetstream.ack import ACK, AckBlock, ack_block, nak_body, term_body
-from js_etl.jetstream.errors import ConsumerConfigError
 from js_etl.report import RunReport
 from js_etl.spark.decode import PAYLOAD_BYTES, Decoder, with_partition_columns
 from js_etl.spark.delta import CommitTag, DeltaTarget, ack_keys, rows_in_range
@@ -144,18 +144,6 @@ def plan_round(config: JobConfig, info: ConsumerInfo, *, messages_left: float,
 def _limit(value: int | None) -> float:
     """A consumer limit where 0, -1 and unset mean none."""
     return value if value and value > 0 else float("inf")
-
-
-def refuse_server_max_deliver(info: ConsumerInfo) -> None:
-    """A consumer with a server-side ``max_deliver`` can lose messages (module docstring)."""
-    limit = info.config.max_deliver
-    if limit is not None and limit > 0:
-        raise ConsumerConfigError(
-            f"consumer {info.stream_name}/{info.name} has max_deliver {limit}: the server drops "
-            "a message after that many deliveries, and a run that dies after fetching spends "
-            "one, so a crash could lose messages for good. js-etl parks poison itself "
-            "(source.max_deliver). Fix: nats consumer edit "
-            f"{info.stream_name} {info.name} --max-deliver=-1 --force")
 
 
 def refuse_speculation(spark: SparkSession) -> None:
@@ -238,7 +226,6 @@ class Drain:
         info = js.run(js.admin.ensure_drain_consumer(
             self.source.stream, self._desired_consumer(), create=self.source.create_consumer,
             min_ack_wait=min_ack_wait(self.config)))
-        refuse_server_max_deliver(info)
         self.pinned = check_priority_settings(self.config, info) is PriorityPolicy.PINNED_CLIENT
         self.report.target_seq = stream.state.last_seq
         self.report.pending_before = info.num_pending
@@ -346,7 +333,7 @@ class Drain:
         return None
 
     def _desired_consumer(self) -> ConsumerConfig:
-        # No server-side max_deliver: see refuse_server_max_deliver.
+        # No server-side max_deliver: see drain_consumer_problems.
         s = self.source
         return ConsumerConfig(
             durable_name=s.consumer, ack_wait=s.ack_wait or DEFAULT_ACK_WAIT,
