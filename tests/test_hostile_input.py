@@ -231,9 +231,6 @@ def test_drain_lands_each_payload_once_as_a_row_or_a_dead_letter(spark, js, name
     assert (info.num_pending, info.num_ack_pending) == (0, 0)  # acked only after the commits
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "js_etl/spark/drain.py (Drain.__init__) builds Decoder(format, schema) without "
-    "decode.keep_raw / decode.unknown_fields; owned by the lead (see the issue-17 report)"))
 def test_drain_keeps_raw_payloads_in_rows_with_keep_raw(spark, js, names, nats_server, tmp_path):
     add_stream(js, names)
     payloads = [b'{"id": 1, "kind": "k"}', b'{"foo": 1}']

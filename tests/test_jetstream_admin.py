@@ -178,7 +178,7 @@ def test_ensure_drain_consumer_refuses_short_ack_wait(js, names, stream):
         js.run(js.admin.ensure_drain_consumer(stream, desired, create=True, min_ack_wait=60))
     message = str(err.value)
     assert "ack_wait 5s is shorter than one round needs (60s)" in message
-    assert "nats consumer edit --wait 61s" in message
+    assert f"nats consumer edit {stream} {names.consumer} --wait 61s -f" in message
     assert js.consumer_info(stream, names.consumer).config.ack_wait == 5.0  # left alone
 
 

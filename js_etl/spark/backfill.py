@@ -481,7 +481,9 @@ class Backfill:
 
         started = time.monotonic()
         planned_before = self._plan is not None  # the CLI plans before it starts Spark
-        decoder = Decoder(self.config.decode.format, self.config.decode.schema)  # before any pull
+        decode = self.config.decode
+        decoder = Decoder(decode.format, decode.schema, keep_raw=decode.keep_raw,  # before any pull
+                          unknown_fields=decode.unknown_fields)
         plan = self.plan()
         report = self.report
         fetch = self.config.fetch

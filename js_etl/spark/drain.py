@@ -197,7 +197,9 @@ class Drain:
         self._released = 0  # deliveries NAKed since the last round (see plan_round)
         refuse_speculation(spark)
         # Checks decode.schema: a bad schema fails before any pull.
-        self.decoder = Decoder(config.decode.format, config.decode.schema)
+        self.decoder = Decoder(config.decode.format, config.decode.schema,
+                               keep_raw=config.decode.keep_raw,
+                               unknown_fields=config.decode.unknown_fields)
         self.report = RunReport(
             job=config.job_id, run_id=self.run_id, stream=self.source.stream,
             consumer=self.source.consumer, target=str(self.target),
