@@ -423,6 +423,7 @@ def test_rewind_then_drain_rereads_from_the_new_position(spark, js, names, nats_
     report = run_drain(spark, make_config(names, nats_server, table))
     assert (report.first_seq, report.last_seq) == (61, 100)
     assert (report.messages_written, report.already_committed) == (0, 40)
+    assert report.reacked_at_start == 0  # nothing was outstanding after the rewind
     assert seqs(spark, table) == list(range(1, 101))
     assert js.consumer_info(names.stream, names.consumer).num_ack_pending == 0
     # Into another table: all of them.

@@ -40,6 +40,13 @@ def test_ack_pending_headroom_caps_the_round_and_the_pulls():
     assert plan(info(200, max_ack_pending=1000)) == RoundSize(2, 400, 8 * MiB, 400, 128 * MiB)
 
 
+def test_every_free_slot_is_used_when_they_do_not_split_evenly():
+    # 3 free slots over 2 partitions: 2 + 1 (it used to be 1 + 1, rounds of 2 messages).
+    size = plan(info(0, max_ack_pending=3))
+    assert (size.partitions, size.partition_messages, size.extra_messages, size.batch) == (
+        2, 1, 1, 2)
+
+
 def test_no_headroom_plans_no_round():
     assert plan(info(1000, max_ack_pending=1000)) is None
 
@@ -58,4 +65,4 @@ def test_consumer_pull_limits_cap_each_pull():
 
 def test_run_budgets_shrink_the_last_round():
     size = plan(info(max_ack_pending=-1), messages_left=3, bytes_left=10 * MiB)
-    assert size == RoundSize(2, 1, 8 * MiB, 1, 5 * MiB)
+    assert size == RoundSize(2, 2, 8 * MiB, 1, 5 * MiB, extra_messages=1)  # 2 + 1 messages

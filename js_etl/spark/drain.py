@@ -102,6 +102,7 @@ class RoundSize:
     max_bytes: int  # bytes per pull
     partition_messages: int
     partition_bytes: int
+    extra_messages: int = 0  # the first this many partitions may take one message more
 
 
 def min_ack_wait(config: JobConfig) -> float:
@@ -134,11 +135,14 @@ def plan_round(config: JobConfig, info: ConsumerInfo, *, messages_left: float,
     if budget < 1:
         return None
     partitions = int(min(fetch.partitions, budget))
-    partition_messages = int(min(budget / partitions, 2**31 - 1))
-    batch = max(1, min(fetch.batch, partition_messages, _limit(consumer.max_batch)))
+    # Every free slot is used: 3 slots over 2 partitions are 2 + 1, not 1 + 1.
+    partition_messages, extra = ((int(budget) // partitions, int(budget) % partitions)
+                                 if budget < 2**31 else (2**31 - 1, 0))
+    batch = max(1, min(fetch.batch, partition_messages + (extra > 0),
+                       _limit(consumer.max_batch)))
     max_bytes = int(min(fetch.max_bytes, _limit(consumer.max_bytes)))
     partition_bytes = int(min(fetch.partition_max_bytes, max(bytes_left / partitions, 1)))
-    return RoundSize(partitions, batch, max_bytes, partition_messages, partition_bytes)
+    return RoundSize(partitions, batch, max_bytes, partition_messages, partition_bytes, extra)
 
 
 def _limit(value: int | None) -> float:
@@ -429,6 +433,7 @@ class Drain:
             options=self.options, stream=self.source.stream, consumer=self.source.consumer,
             ack_prefix=self.ack_prefix, batch=size.batch, max_bytes=size.max_bytes,
             partition_messages=size.partition_messages, partition_bytes=size.partition_bytes,
+            extra_messages=size.extra_messages,
             stop_after_seq=self.report.target_seq or 2**63 - 1,
             pull_timeout=self.config.fetch.pull_timeout,
             deadline=time.time() + fetch_seconds(self.config, ack_wait),

@@ -53,7 +53,8 @@ class FetchPlan:
     ack_prefix: str  # replies must start with it: acks are rebuilt from rows with this prefix
     batch: int  # messages per pull
     max_bytes: int  # bytes per pull (server-side max_bytes)
-    partition_messages: int  # message budget of one partition in this round
+    partition_messages: int  # message budget of one partition in this round ...
+    extra_messages: int  # ... plus one for partitions 0 .. extra_messages - 1
     partition_bytes: int  # byte budget of one partition in this round (bounds executor memory)
     stop_after_seq: int  # the run's target: a partition stops once it sees a later message
     pull_timeout: float  # client deadline of one pull
@@ -87,6 +88,11 @@ def fetch_partition(plan: FetchPlan, batches: Iterator[pa.RecordBatch]
     start_late(plan.fault, plan.fault_seconds)
     if time.time() >= plan.deadline:
         return  # started too late: this round's window for pulls has closed
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    index = context.partitionId() if context is not None else 0
+    budget = plan.partition_messages + (1 if index < plan.extra_messages else 0)
     with JetStreamSession(plan.options) as js:
         depth = 1 if plan.group else 2
         pullers = [js.puller(plan.stream, plan.consumer, group=plan.group,
@@ -100,7 +106,7 @@ def fetch_partition(plan: FetchPlan, batches: Iterator[pa.RecordBatch]
             while True:
                 while not stop and len(in_flight) < depth:
                     # In-flight pulls count as full: as many messages as asked, max_bytes.
-                    room = plan.partition_messages - got - sum(n for _, n in in_flight)
+                    room = budget - got - sum(n for _, n in in_flight)
                     if room <= 0 or size + len(in_flight) * plan.max_bytes >= plan.partition_bytes:
                         break
                     if time.time() >= plan.deadline:
