@@ -12,7 +12,9 @@ it; an unknown name is refused so a typo cannot silently test nothing.
 * ``stall_before_ack`` — the driver waits ack_wait + 1 s between a round's commit and its acks
   (a slow write phase: the server has queued the round's messages for redelivery by then);
 * ``late_fetch_tasks`` — every fetch task but the first two starts ack_wait + 1 s late (waves of
-  partitions beyond the cores, retries, scheduling delays).
+  partitions beyond the cores, retries, scheduling delays);
+* ``slow_task_start`` — every fetch task starts 1.5 × the round's base fetch window late (a
+  loaded cluster that cannot start tasks within a short ack_wait's window).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from js_etl.errors import ConfigError
 
 ENV = "JS_ETL_FAULT"
 POINTS = frozenset({"kill_after_fetch", "kill_after_commit", "kill_mid_ack", "fail_fetch_task",
-                    "fail_write_task", "stall_before_ack", "late_fetch_tasks"})
+                    "fail_write_task", "stall_before_ack", "late_fetch_tasks",
+                    "slow_task_start"})
 
 
 class InjectedFault(RuntimeError):
@@ -53,7 +56,10 @@ def stall_here(point: str, seconds: float) -> None:
 
 
 def start_late(fault: str | None, seconds: float) -> None:
-    """On an executor: a fetch task of partition 2 or later starts ``seconds`` late."""
+    """On an executor: a fetch task starts ``seconds`` late (``slow_task_start``: every one;
+    ``late_fetch_tasks``: those of partition 2 or later)."""
+    if fault == "slow_task_start":
+        time.sleep(seconds)
     if fault != "late_fetch_tasks":
         return
     from pyspark import TaskContext

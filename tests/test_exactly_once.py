@@ -80,6 +80,23 @@ def test_fetch_tasks_starting_after_the_round_deadline_pull_nothing(spark, js, n
     assert_exactly_once(spark, js, names, table, good, bad)
 
 
+def test_a_round_whose_tasks_all_start_after_its_window_widens_the_next(spark, js, names,
+                                                                       nats_server, tmp_path,
+                                                                       monkeypatch):
+    messages, good, bad = events(names, 200, poison_every=50)
+    setup_stream(js, names, messages, ack_wait=3)
+    table = tmp_path / "table"
+    # Every task starts 1.5 windows late (a loaded machine with a short ack_wait): the first
+    # round pulls nothing; the next round's window is twice as long and gets the messages.
+    monkeypatch.setenv("JS_ETL_FAULT", "slow_task_start")
+
+    report = run_drain(spark, config_for(names, nats_server.url, table,
+                                         "fetch.pull_timeout=0.5"))
+
+    assert report.stopped_because == "drained" and report.rounds >= 1
+    assert_exactly_once(spark, js, names, table, good, bad)
+
+
 def test_speculation_is_refused(spark, names, nats_server, tmp_path):
     from js_etl.errors import ConfigError
     from js_etl.spark.drain import refuse_speculation

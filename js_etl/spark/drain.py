@@ -26,6 +26,9 @@ Exactly-once rests on these mechanisms, each holding whatever the timing:
   delivery of a round is received before ``deadline + pull_timeout`` ≤ round start + ⅔ ack_wait
   (``min_ack_wait``), so no message of a round is redelivered within that round, given clocks
   within ack_wait/3 of each other.
+  A round that fetched nothing while messages are pending (its tasks may all have started after
+  the window: a loaded machine, a short ack_wait) doubles the next round's window, up to 16x;
+  a second delivery inside a longer window is still caught by the next two mechanisms.
 * **Dedupe by seq** of the round's rows (second line of defence against redeliveries inside a
   round, e.g. after a server restart lost its delivery state), keeping the latest delivery,
   before anything is counted or written: stats, dead letters and rows see the same copy.
@@ -92,7 +95,7 @@ log = logging.getLogger("js_etl.drain")
 DEFAULT_ACK_WAIT = 300.0  # seconds, for consumers js-etl creates
 DEFAULT_MAX_ACK_PENDING = 100_000  # for consumers js-etl creates: the round size ceiling
 MAX_RELEASE = 1_000_000  # widest (ack floor, delivered] window the fence NAKs sequence by sequence
-EMPTY_ROUNDS = 3  # rounds in a row that fetch nothing while messages are pending: stop then
+EMPTY_ROUNDS = 5  # rounds in a row that fetch nothing while messages are pending: stop then
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +202,7 @@ class Drain:
         self.park_after = config.source.max_deliver
         self._ack_wait = DEFAULT_ACK_WAIT  # the consumer's, from the last round's plan
         self._released = 0  # deliveries NAKed since the last round (see plan_round)
+        self._window = 1  # how many times fetch_seconds the next round may pull for
         refuse_speculation(spark)
         # Checks decode.schema: a bad schema fails before any pull.
         self.decoder = Decoder(config.decode.format, config.decode.schema,
@@ -307,8 +311,10 @@ class Drain:
                 continue
             if not done:
                 empty_rounds += 1
+                self._window = min(2 * self._window, 16)
                 continue
             empty_rounds = 0
+            self._window = 1
             next_round += 1
             lock.record(pin_id=self.pin_id)
             self.on_round(report)
@@ -436,10 +442,11 @@ class Drain:
             extra_messages=size.extra_messages,
             stop_after_seq=self.report.target_seq or 2**63 - 1,
             pull_timeout=self.config.fetch.pull_timeout,
-            deadline=time.time() + fetch_seconds(self.config, ack_wait),
+            deadline=time.time() + fetch_seconds(self.config, ack_wait) * self._window,
             group=self.source.priority_group, min_pending=self.source.min_pending,
             min_ack_pending=self.source.min_ack_pending, pin_id=self.pin_id, fault=self.fault,
-            fault_seconds=ack_wait + 1)
+            fault_seconds=(1.5 * fetch_seconds(self.config, ack_wait)
+                           if self.fault == "slow_task_start" else ack_wait + 1))
         with self.report.phase("fetch"):
             raw = (self.spark.range(size.partitions, numPartitions=size.partitions)
                    .mapInArrow(partial(fetch_partition, plan), RAW_DDL))
