@@ -30,11 +30,11 @@ import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 from airflow.sdk import BaseHook
 
 from js_etl.config import ENV_PREFIX, NatsConfig, TlsConfig
+from js_etl.config.values import as_url, with_port
 from js_etl.errors import ConfigError, JsEtlError
 
 if TYPE_CHECKING:
@@ -79,20 +79,9 @@ def _servers(conn_id: str, host: str | None, port: int | None) -> list[str]:
     if _blank(host):
         raise ConfigError(f"NATS connection {conn_id!r}: host is empty; set it to a server "
                           "(e.g. 127.0.0.1) or a comma-separated list (nats-1:4222,nats-2:4222)")
-    servers = []
-    for entry in str(host).split(","):
-        entry = entry.strip()
-        if not entry:
-            continue
-        url = entry if "://" in entry else f"nats://{entry}"
-        try:
-            has_port = urlsplit(url).port is not None
-        except ValueError:
-            has_port = False  # an invalid port: NatsConfig names the entry below
-        if not has_port and ":" not in urlsplit(url).netloc.rsplit("]", 1)[-1]:
-            url = f"{url.rstrip('/')}:{port or DEFAULT_PORT}"
-        servers.append(url)
-    return servers
+    # NatsConfig validates each URL afterwards, naming a bad entry.
+    return [with_port(as_url(entry), port or DEFAULT_PORT)
+            for entry in str(host).split(",") if entry.strip()]
 
 
 def _resolve(conn_id: str, conn: Connection, extra: Mapping[str, Any]) -> _Resolved:
@@ -216,10 +205,6 @@ class JetStreamHook(BaseHook):
             mask_secret(value)
 
     # -- what the rest of js_etl.airflow uses ------------------------------------------------
-    def nats_config(self) -> NatsConfig:
-        """The connection as the job's ``nats`` config section (secrets only named, not held)."""
-        return self._resolved().config
-
     def connection_options(self) -> ConnectionOptions:
         """Options for :class:`~js_etl.jetstream.JetStreamSession` / ``JetStreamConnection``."""
         return self._options(self._resolved())

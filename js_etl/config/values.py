@@ -260,9 +260,28 @@ def strings(
 _SERVER_SCHEMES = ("nats", "tls", "ws", "wss")
 
 
+def as_url(given: str) -> str:
+    """A server entry as a URL: a plain ``host:port`` means ``nats://host:port``."""
+    given = given.strip()
+    return given if "://" in given else "nats://" + given
+
+
+def with_port(url: str, default_port: int) -> str:
+    """``url`` with ``default_port`` added when it names no port (an Airflow connection's Port
+    field applies to host entries without one). An invalid port is left for
+    :func:`server_url` to name."""
+    try:
+        has_port = urlsplit(url).port is not None
+    except ValueError:
+        has_port = True
+    if has_port or ":" in urlsplit(url).netloc.rsplit("]", 1)[-1]:  # "]": an IPv6 literal
+        return url
+    return f"{url.rstrip('/')}:{default_port}"
+
+
 def server_url(given: str) -> str:
     given = given.strip()
-    url = given if "://" in given else "nats://" + given
+    url = as_url(given)
     parts = urlsplit(url)
     try:
         port = parts.port
