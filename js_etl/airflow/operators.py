@@ -195,7 +195,9 @@ class JetStreamToDeltaOperator(BaseOperator):
         # drain.output -> {"messages_written": 1200, "delta_versions": [7], ...}
     """
 
-    template_fields: Sequence[str] = ("config_path", "overrides", "job_args", "env_vars", "conf")
+    template_fields: Sequence[str] = ("config_path", "overrides", "job_args", "env_vars", "conf",
+                                      "master", "application", "jars", "nats_conn_id",
+                                      "spark_conn_id")
     template_fields_renderers: ClassVar[dict[str, str]] = {
         "overrides": "json", "job_args": "json", "env_vars": "json", "conf": "json"}
     ui_color = "#c9e4f6"

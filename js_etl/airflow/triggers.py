@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+from airflow.sdk.exceptions import AirflowNotFoundException
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from js_etl.airflow.hooks import JetStreamHook
@@ -25,8 +26,9 @@ def error_payload(error: BaseException, *, stream: str, consumer: str) -> dict[s
         "error": type(error).__name__,
         "message": f"{type(error).__name__}: {error}",
         # Terminal js-etl errors (missing stream/consumer, refused credentials, a bad
-        # connection) need a fix; anything else (unreachable, leadership change) may pass.
-        "retryable": not isinstance(error, TerminalError),
+        # connection) and a missing Airflow connection need a fix; anything else (unreachable,
+        # leadership change) may pass.
+        "retryable": not isinstance(error, TerminalError | AirflowNotFoundException),
     }
 
 

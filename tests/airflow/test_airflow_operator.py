@@ -60,9 +60,27 @@ def test_operator_checks_its_modes_and_derives_the_table_asset(tmp_path, names):
                                      overrides=["target.path={{ params.target }}"],
                                      outlets=[AssetAlias("tables")])
     assert alias.outlets == [AssetAlias("tables")]
-    assert {"config_path", "overrides", "job_args"} <= set(JetStreamToDeltaOperator.template_fields)
     with pytest.raises(ValueError, match="fetch.batch"):
         JetStreamToDeltaOperator(task_id="t", config_path=config, overrides={"fetch.batch": -3})
+
+
+def test_every_per_run_argument_is_templated(tmp_path, names):
+    from js_etl.airflow import JetStreamToDeltaOperator
+
+    config = write_config(tmp_path, names, tmp_path / "table")
+    op = JetStreamToDeltaOperator(
+        task_id="t", config_path="{{ params.dir }}/job.yaml",
+        overrides={"run.max_messages": "{{ params.n }}"}, job_args=["--from-seq", "{{ params.n }}"],
+        env_vars={"X": "{{ params.n }}"}, conf={"spark.x": "{{ params.n }}"},
+        master="{{ params.master }}", application="{{ params.dir }}/job.py",
+        jars=["{{ params.dir }}/a.jar"], nats_conn_id="nats_{{ params.env }}",
+        spark_conn_id="spark_{{ params.env }}")
+    params = {"dir": str(tmp_path), "n": "7", "master": "local[1]", "env": "prod"}
+    op.render_template_fields({"params": params})
+    assert (op.config_path, op.overrides, op.job_args, op.env_vars, op.conf) == (
+        str(config), {"run.max_messages": "7"}, ["--from-seq", "7"], {"X": "7"}, {"spark.x": "7"})
+    assert (op.master, op.application, op.jars, op.nats_conn_id, op.spark_conn_id) == (
+        "local[1]", f"{tmp_path}/job.py", [f"{tmp_path}/a.jar"], "nats_prod", "spark_prod")
 
 
 def test_backfill_runs_its_own_script_with_the_range_flags_last(tmp_path, names):

@@ -95,11 +95,14 @@ def test_sensor_fails_with_the_reason_when_the_stream_or_consumer_is_missing(tjs
             JetStreamBacklogSensor(task_id="refused", stream={names.stream!r},
                                    consumer="c", poll_interval=0.2,
                                    nats_conn_id="nats_bad_token")
+            JetStreamBacklogSensor(task_id="no_connection", stream={names.stream!r},
+                                   consumer="c", poll_interval=0.2,
+                                   nats_conn_id="no_such_connection")
         """))
     dag_run = dag.test()
 
     assert task_states(dag_run) == {"no_stream": "failed", "no_consumer_poking": "failed",
-                                    "refused": "failed"}
+                                    "refused": "failed", "no_connection": "failed"}
     failed = failures(dag_id)
     assert failed["no_stream"]["type"] == "AirflowFailException"  # needs a fix: no retries
     assert failed["no_stream"]["message"].startswith(
@@ -107,6 +110,8 @@ def test_sensor_fails_with_the_reason_when_the_stream_or_consumer_is_missing(tjs
     assert failed["no_consumer_poking"]["type"] == "AirflowFailException"
     assert "ConsumerNotFoundError: consumer not found" in failed["no_consumer_poking"]["message"]
     assert "AuthorizationError: NATS refused the credentials" in failed["refused"]["message"]
+    assert failed["no_connection"]["type"] == "AirflowFailException"  # as the operator's
+    assert "no_such_connection" in failed["no_connection"]["message"]
     assert xcom(dag_run, "no_stream") is None
 
 
