@@ -1,13 +1,39 @@
-"""The run report: one JSON object per run, for logs, ``--report-file``, Airflow XCom and tests."""
+"""What a run tells: its report (one JSON object per run, for logs, ``--report-file``, Airflow
+XCom and tests), why it stopped (a closed set), and its progress while it runs.
+
+A run reports each committed round to one :class:`Progress`: :class:`LogProgress` (a log line,
+what Airflow's task log and ``spark-submit`` output show) or :class:`TerminalProgress` (one
+line rewritten in place, for a person at a terminal). :func:`progress_for` picks between them.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from enum import StrEnum
+from typing import Any, Protocol, TextIO
+
+
+class StopReason(StrEnum):
+    """Why a run ended (the report's ``stopped_because``); the README's report table lists
+    each. A drain says ``drained`` only when the consumer has nothing pending and nothing
+    ack-pending; every other early end names its cause."""
+
+    DRAINED = "drained"  # nothing pending, nothing ack-pending
+    TARGET_REACHED = "target_reached"  # all up to the stream's last seq at the start is done
+    MAX_MESSAGES = "max_messages"  # run.max_messages spent
+    MAX_BYTES = "max_bytes"  # run.max_bytes spent
+    MAX_ROUNDS = "max_rounds"  # run.max_rounds spent
+    MAX_SECONDS = "max_seconds"  # run.max_seconds spent
+    BELOW_MIN_PENDING = "below_min_pending"  # overflow group: served only above min_pending
+    NOTHING_FETCHED = "nothing_fetched"  # rounds in a row fetched nothing though messages wait
+    TERMINATED = "terminated"  # SIGTERM: the round in progress finished, then the run stopped
+    RANGE_DONE = "range_done"  # backfill: the whole range was read
+    NOTHING_IN_RANGE = "nothing_in_range"  # backfill: nothing matched; nothing written
 
 
 @dataclass
@@ -38,7 +64,7 @@ class RunReport:
     released_at_end: int = 0  # this run's uncommitted deliveries (failed tasks) NAKed back
     duplicates_dropped: int = 0  # second copies of a seq fetched within one round (not written)
     already_committed: int = 0  # fetched again though a table held them: acked, not rewritten
-    stopped_because: str = ""
+    stopped_because: StopReason | None = None
     seconds: float = 0.0
     phase_seconds: dict[str, float] = field(default_factory=dict)
 
@@ -57,3 +83,58 @@ class RunReport:
 
     def to_json(self) -> str:
         return json.dumps(self.as_dict(), separators=(",", ":"), sort_keys=False)
+
+
+class Progress(Protocol):
+    """Where a run reports each committed round (and its end)."""
+
+    def round_done(self, report: RunReport) -> None: ...
+
+    def finished(self, report: RunReport) -> None: ...
+
+
+class LogProgress:
+    """One log line per round: what ``spark-submit`` output and Airflow's task log show."""
+
+    def __init__(self, logger: logging.Logger | None = None) -> None:
+        self.log = logger or logging.getLogger("js_etl")
+
+    def round_done(self, report: RunReport) -> None:
+        self.log.info("round %d: %d messages written, %d dead letters so far, seq %s..%s, "
+                      "versions %s", report.rounds, report.messages_written,
+                      report.dead_letters, report.first_seq, report.last_seq,
+                      report.delta_versions[-1:])
+
+    def finished(self, report: RunReport) -> None:
+        self.log.info("stopped because %s after %d round(s): %d messages, %d dead letters",
+                      report.stopped_because, report.rounds, report.messages_written,
+                      report.dead_letters)
+
+
+class TerminalProgress:
+    """One line rewritten in place (``\\r``): messages done against the stream's last sequence
+    when the run started. For a person at a terminal; logs and Airflow get :class:`LogProgress`."""
+
+    WIDTH = 30
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+
+    def round_done(self, report: RunReport) -> None:
+        done = report.messages_written + report.dead_letters
+        # pending_before is the backlog when the run started: the bar's whole.
+        whole = max(report.pending_before, done, 1)
+        filled = round(self.WIDTH * done / whole)
+        self.out.write(f"\r[{'#' * filled}{'.' * (self.WIDTH - filled)}] {done:,}/{whole:,} "
+                       f"messages, round {report.rounds}")
+        self.out.flush()
+
+    def finished(self, report: RunReport) -> None:
+        if report.rounds:
+            self.out.write("\n")
+            self.out.flush()
+
+
+def progress_for(out: TextIO) -> Progress:
+    """A bar on a terminal, log lines anywhere else (a pipe, a file, Airflow's task log)."""
+    return TerminalProgress(out) if out.isatty() else LogProgress()
