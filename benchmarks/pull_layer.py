@@ -38,7 +38,7 @@ from js_etl.jetstream import (
     Puller,
     PullEnd,
 )
-from js_etl.jetstream.server import LocalNatsServer
+from js_etl.dev.server import LocalNatsServer
 
 STREAM = "BENCH"
 SUBJECT = "bench.data"

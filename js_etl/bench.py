@@ -668,7 +668,7 @@ class Bench:
 
     # stream and consumers ----------------------------------------------------------------------
     def publish(self, n: int, size: int) -> dict[str, Any]:
-        from js_etl.jetstream.publish import publish, wait_for_messages
+        from js_etl.dev.publish import publish, wait_for_messages
 
         self.counter += 1
         stream, subject = f"BENCH{self.counter}_{size}", f"bench.w{self.counter}"
@@ -988,7 +988,7 @@ def machine() -> dict[str, Any]:
             return None
 
     try:
-        from js_etl.jetstream.server import find_nats_server
+        from js_etl.dev.server import find_nats_server
 
         server = subprocess.run([find_nats_server(), "--version"], capture_output=True,
                                 text=True, timeout=10).stdout.strip().split()[-1]
@@ -1196,7 +1196,7 @@ def run_bench(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise TerminalError(f"js-etl bench needs psutil and deltalake ({e.name} is missing): "
                             "pip install -e '.[dev]'") from None
-    from js_etl.jetstream.server import LocalNatsServer
+    from js_etl.dev.server import LocalNatsServer
 
     settings = settings_from_args(args)
     os.environ.setdefault("TZ", "UTC")

@@ -126,7 +126,7 @@ def main(argv: Sequence[str] | None = None, *, spark_submit: bool = False) -> in
 
             print(",".join(delta_jars()))
             return 0
-        from js_etl.demo import run_demo
+        from js_etl.dev.demo import run_demo
 
         return run_demo(Path(args.config), messages=args.messages, keep=args.keep)
     except JsEtlError as e:
@@ -184,9 +184,9 @@ def spark_session(config: JobConfig, *, spark_submit: bool) -> SparkSession:
 
 
 def _require_delta(spark: SparkSession) -> None:
-    from js_etl.errors import TerminalError
-
     from delta.tables import DeltaTable
+
+    from js_etl.errors import TerminalError
 
     try:  # without the jars, py4j hands back a JavaPackage and calling it raises TypeError
         DeltaTable.isDeltaTable(spark, "file:///nonexistent-js-etl-probe")

@@ -15,8 +15,8 @@ import pytest
 
 os.environ["TZ"] = "UTC"  # collect() returns naive datetimes in the process's local zone
 
+from js_etl.dev.server import LocalNatsServer  # noqa: E402
 from js_etl.jetstream import ConnectionOptions, JetStreamSession  # noqa: E402
-from js_etl.jetstream.server import LocalNatsServer  # noqa: E402
 
 _counter = itertools.count(1)
 

@@ -15,9 +15,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from js_etl.config import load_config
+from js_etl.dev.publish import publish, wait_for_messages
+from js_etl.dev.server import LocalNatsServer
 from js_etl.jetstream import JetStreamSession
-from js_etl.jetstream.publish import publish, wait_for_messages
-from js_etl.jetstream.server import LocalNatsServer
 
 KINDS = ("order", "refund", "payment", "shipment")
 
