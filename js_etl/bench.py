@@ -475,11 +475,10 @@ def _memory_child(index: int, overrides: list[str], warmup: list[str] | None, n:
 
 # --- Spark -------------------------------------------------------------------------------------
 def start_spark(config: JobConfig) -> SparkSession:
-    from js_etl.spark.session import local_builder
+    from js_etl.spark.session import local_session
 
-    spark = local_builder(config.spark.master, "js-etl-bench", config.spark.conf).getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+    return local_session(config.spark.master, "js-etl-bench", config.spark.conf,
+                         log_level="ERROR")
 
 
 def table_counts(spark: SparkSession, path: str) -> dict[str, int]:

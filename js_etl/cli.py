@@ -32,8 +32,6 @@ from js_etl.config import JobConfig, load_config
 from js_etl.errors import JsEtlError, TransientError
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-
     from js_etl.report import RunReport
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -164,38 +162,6 @@ def _subclasses(cls: type) -> list[type]:
     return [sub for direct in cls.__subclasses__() for sub in (direct, *_subclasses(direct))]
 
 
-def spark_session(config: JobConfig, *, spark_submit: bool) -> SparkSession:
-    """Local Spark from ``spark.*`` config, or the session spark-submit prepared."""
-    from pyspark.sql import SparkSession
-
-    from js_etl.spark.session import configure_delta, local_builder
-
-    if not spark_submit:
-        return local_builder(config.spark.master, config.spark.app_name,
-                             config.spark.conf).getOrCreate()
-    builder = SparkSession.builder.appName(config.spark.app_name)
-    for key, value in config.spark.conf.items():
-        builder = builder.config(key, value)
-    # Under spark-submit the JVM is already running: Delta's jars must come with --jars
-    # (see README); configure_delta only adds the extension and catalog settings then.
-    spark = configure_delta(builder, jars=[]).getOrCreate()
-    _require_delta(spark)
-    return spark
-
-
-def _require_delta(spark: SparkSession) -> None:
-    from delta.tables import DeltaTable
-
-    from js_etl.errors import TerminalError
-
-    try:  # without the jars, py4j hands back a JavaPackage and calling it raises TypeError
-        DeltaTable.isDeltaTable(spark, "file:///nonexistent-js-etl-probe")
-    except TypeError:
-        raise TerminalError("Delta classes are not on the driver's classpath: pass Delta's jars "
-                            "to spark-submit, e.g. --jars $(js-etl jars) — see README "
-                            "'Running a drain'") from None
-
-
 def check_target_paths(config: JobConfig) -> None:
     """Refuse (exit 2, path named) a local table or dead-letter path that cannot be written
     (under a regular file, in /proc, no permission) before Spark starts, instead of an
@@ -213,11 +179,12 @@ def check_target_paths(config: JobConfig) -> None:
 
 def _drain(config: JobConfig, report_file: str | None, spark_submit: bool) -> int:
     from js_etl.spark.drain import run_drain
+    from js_etl.spark.session import job_session
 
     check_target_paths(config)
     options = config.nats.connection_options()  # secrets resolved before Spark starts
     options.check_files()  # and credential/TLS files readable: exit 2 now, not after Spark
-    spark = spark_session(config, spark_submit=spark_submit)
+    spark = job_session(config.spark, spark_submit=spark_submit)
     # SIGTERM (Airflow stopping a task, a scheduler's timeout) ends the run at the next round
     # boundary: the round in progress is committed and acked, the rest released, the lock freed.
     terminated = threading.Event()
@@ -251,6 +218,7 @@ def _sequence(text: str) -> int:
 def _backfill(args: argparse.Namespace, spark_submit: bool) -> int:
     from js_etl.spark.backfill import Backfill, RangeRequest
     from js_etl.spark.delta import DeltaTarget
+    from js_etl.spark.session import job_session
 
     config = load_config(args.config, args.overrides)
     request = RangeRequest.parse(from_seq=args.from_seq, to_seq=args.to_seq,
@@ -268,7 +236,7 @@ def _backfill(args: argparse.Namespace, spark_submit: bool) -> int:
     options.check_files()
     job = Backfill(config, request, options=options, drain_target=drain_target)
     job.plan()  # NATS only: a range that cannot be backfilled fails here, before Spark starts
-    spark = spark_session(config, spark_submit=spark_submit)
+    spark = job_session(config.spark, spark_submit=spark_submit)
     return _emit(job.run(spark), args.report_file)
 
 

@@ -40,7 +40,7 @@ def sample_events(n: int, *, seed: int = 7) -> list[tuple[str, bytes]]:
 
 def run_demo(config_path: Path, *, messages: int = 5000, keep: bool = False) -> int:
     from js_etl.spark.drain import run_drain
-    from js_etl.spark.session import local_builder
+    from js_etl.spark.session import local_session
 
     work = Path(".demo")
     if not keep:
@@ -56,8 +56,8 @@ def run_demo(config_path: Path, *, messages: int = 5000, keep: bool = False) -> 
             js.run(wait_for_messages(js.conn, stream, messages))
         print(f"published {messages} events to stream {stream}")
 
-        spark = local_builder(config.spark.master, "js-etl-demo", config.spark.conf).getOrCreate()
-        spark.sparkContext.setLogLevel("ERROR")
+        spark = local_session(config.spark.master, "js-etl-demo", config.spark.conf,
+                              log_level="ERROR")
         try:
             report = run_drain(spark, config)
             table = spark.read.format("delta").load(config.target.path)
