@@ -9,7 +9,7 @@
     js-etl jars                  (Delta's jars, comma-separated, for spark-submit --jars)
     js-etl bench  [--quick] [--messages N,..] [--size B,..] [--memory-check] [--json PATH]
 
-``jobs/drain_to_delta.py`` runs the same ``drain`` under ``spark-submit``. Exit codes: 0 success,
+``js_etl/jobs/drain.py`` runs the same ``drain`` under ``spark-submit``. Exit codes: 0 success,
 2 a terminal error (fix something first), 73 refused (another run holds the consumer), 75 a
 transient error (retry later), 1 anything unexpected. The last stderr line of a failure is one
 line saying why; the last stdout line of a success is the run report as JSON.
@@ -34,7 +34,6 @@ from js_etl.errors import JsEtlError, TransientError
 if TYPE_CHECKING:
     from js_etl.report import RunReport
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("js_etl")
 
 
@@ -46,7 +45,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"js-etl: UsageError: {message}\n")
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser; ``command`` (the first argument) adds the bench's own options only
+    when it is ``bench``."""
     parser = _Parser(prog="js-etl", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -85,21 +86,24 @@ def _parser() -> argparse.ArgumentParser:
     rewind.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
 
     demo = commands.add_parser("demo", help="local nats-server → sample events → Delta, end to end")
-    demo.add_argument("--config", default=str(REPO_ROOT / "conf" / "demo.yaml"))
+    demo.add_argument("--config")  # default: the demo config shipped in the package
     demo.add_argument("--messages", type=int, default=5000)
     demo.add_argument("--keep", action="store_true", help="keep .demo/ from earlier demo runs")
     commands.add_parser("jars", help="print Delta's jars for spark-submit --jars")
 
-    from js_etl.bench import add_arguments as add_bench_arguments
-
-    add_bench_arguments(commands.add_parser(
+    bench = commands.add_parser(
         "bench", help="measure the drain against the bare pull+ack loop and a simple "
-        "deltalake peer on the same data (local nats-server and Spark)"))
+        "deltalake peer on the same data (local nats-server and Spark)")
+    if command == "bench":  # development tooling: imported only when `js-etl bench` runs
+        from js_etl.dev.bench.cli import add_arguments as add_bench_arguments
+
+        add_bench_arguments(bench)
     return parser
 
 
 def main(argv: Sequence[str] | None = None, *, spark_submit: bool = False) -> int:
-    args = _parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _parser(argv[0] if argv else None).parse_args(argv)
     # Only our own progress at INFO: under spark-submit stderr is merged into stdout, and a
     # library logging at exit (py4j does) must not push the report off the last line.
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
@@ -116,7 +120,7 @@ def main(argv: Sequence[str] | None = None, *, spark_submit: bool = False) -> in
         if args.command == "rewind":
             return _rewind(load_config(args.config, args.overrides), args.to_seq, args.yes)
         if args.command == "bench":
-            from js_etl.bench import run_bench
+            from js_etl.dev.bench.cli import run_bench
 
             return run_bench(args)
         if args.command == "jars":
@@ -124,9 +128,10 @@ def main(argv: Sequence[str] | None = None, *, spark_submit: bool = False) -> in
 
             print(",".join(delta_jars()))
             return 0
-        from js_etl.dev.demo import run_demo
+        from js_etl.dev.demo import demo_config, run_demo
 
-        return run_demo(Path(args.config), messages=args.messages, keep=args.keep)
+        return run_demo(Path(args.config) if args.config else demo_config(),
+                        messages=args.messages, keep=args.keep)
     except JsEtlError as e:
         print(f"js-etl: {type(e).__name__}: {e}", file=sys.stderr)
         return e.exit_code

@@ -2,7 +2,8 @@
 
 Starts a nats-server from the project's environment, creates a stream, publishes sample JSON
 events (a few of them undecodable), drains them into a partitioned local Delta table, prints the
-run report and a glance at the table and the dead letters, and stops the server.
+run report and a glance at the table and the dead letters, and stops the server. Its config,
+``demo.yaml`` beside this module, is package data: a wheel install runs the demo too.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import random
 import shutil
 import sys
 from datetime import UTC, datetime
+from importlib import resources
 from pathlib import Path
 
 from js_etl.config import load_config
@@ -20,6 +22,11 @@ from js_etl.dev.server import LocalNatsServer
 from js_etl.jetstream import JetStreamSession
 
 KINDS = ("order", "refund", "payment", "shipment")
+
+
+def demo_config() -> Path:
+    """The demo's config file, ``js_etl/dev/demo.yaml`` of the installed package."""
+    return Path(str(resources.files("js_etl.dev").joinpath("demo.yaml")))
 
 
 def sample_events(n: int, *, seed: int = 7) -> list[tuple[str, bytes]]:
