@@ -130,46 +130,41 @@ class Bench:
 
     # legs ---------------------------------------------------------------------------------------
     def client_leg(self, pub: dict[str, Any], n: int, config: JobConfig, run: int) -> Leg:
-        stream, durable = pub["stream"], f"client{run}"
-        procs = config.fetch.partitions
-        self.add_consumer(stream, durable, -1)
-        args = [(self.url, stream, durable, config.fetch.batch, config.fetch.max_bytes,
-                 config.fetch.pull_timeout)] * procs
-        results = run_children(client_child, args, timeout=120 + n / 2_000,
-                               before_go=lambda _infos, pids: self.sampler.reset(None, pids))
-        memory = self.sampler.snapshot()
-        received = sum(r["received"] for r in results)
-        seconds = max(r["end"] for r in results) - min(r["start"] for r in results)
-        problems = [p for r in results for p in r["problems"]]
-        if received != n:
-            problems.append(f"received {received}, expected {n}")
-        consumer, state = self.consumer_problems(stream, durable)
-        return Leg("client_limit", procs, received, seconds, pub["payload_bytes"],
-                   problems + consumer, memory,
-                   {"batch": config.fetch.batch, "max_bytes": config.fetch.max_bytes,
-                    "pulls": sum(r["pulls"] for r in results),
-                    "client_cpu_seconds": round(sum(r["cpu"] for r in results), 2),
-                    "consumer": state})
+        fetch = config.fetch
+        return self._pull_loop_leg(
+            "client_limit", client_child, (fetch.batch, fetch.max_bytes, fetch.pull_timeout),
+            pub, n, fetch.partitions, f"client{run}",
+            {"batch": fetch.batch, "max_bytes": fetch.max_bytes})
 
     def natspy_leg(self, pub: dict[str, Any], n: int, config: JobConfig, run: int) -> Leg:
         """Like the client limit (same processes, batch, consumer settings), through nats-py's
-        own ``fetch``; nats-py has no byte limit per pull, so ``fetch.max_bytes`` does not apply."""
-        stream, durable = pub["stream"], f"natspy{run}"
-        procs = config.fetch.partitions
+        own ``fetch``; nats-py has no byte limit per pull, so ``fetch.max_bytes`` does not apply.
+        Timed to each process's last ack: a process that finds nothing left waits out a fetch."""
+        fetch = config.fetch
+        return self._pull_loop_leg(
+            "nats_py_fetch", natspy_child, (fetch.batch, fetch.pull_timeout), pub, n,
+            fetch.partitions, f"natspy{run}", {"batch": fetch.batch}, end="last_ack")
+
+    def _pull_loop_leg(self, name: str, child: Callable[..., None], child_args: tuple[Any, ...],
+                       pub: dict[str, Any], n: int, procs: int, durable: str,
+                       details: dict[str, Any], end: str = "end") -> Leg:
+        """A leg of ``procs`` processes pulling + acking one fresh consumer until it is empty,
+        counting what they received (payloads discarded)."""
+        stream = pub["stream"]
         self.add_consumer(stream, durable, -1)
-        args = [(self.url, stream, durable, config.fetch.batch, config.fetch.pull_timeout)] * procs
-        results = run_children(natspy_child, args, timeout=120 + n / 2_000,
+        results = run_children(child, [(self.url, stream, durable, *child_args)] * procs,
+                               timeout=120 + n / 2_000,
                                before_go=lambda _infos, pids: self.sampler.reset(None, pids))
         memory = self.sampler.snapshot()
         received = sum(r["received"] for r in results)
-        seconds = max(r["last_ack"] for r in results) - min(r["start"] for r in results)
+        seconds = max(r[end] for r in results) - min(r["start"] for r in results)
         problems = [p for r in results for p in r["problems"]]
         if received != n:
             problems.append(f"received {received}, expected {n}")
         consumer, state = self.consumer_problems(stream, durable)
-        return Leg("nats_py_fetch", procs, received, seconds, pub["payload_bytes"],
+        return Leg(name, procs, received, seconds, pub["payload_bytes"],
                    problems + consumer, memory,
-                   {"batch": config.fetch.batch, "pulls": sum(r["pulls"] for r in results),
+                   {**details, "pulls": sum(r["pulls"] for r in results),
                     "client_cpu_seconds": round(sum(r["cpu"] for r in results), 2),
                     "consumer": state})
 
