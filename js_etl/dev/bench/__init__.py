@@ -24,11 +24,11 @@ default), drains the same way as the client limit but through nats-py's own pull
 (``js.pull_subscribe(...).fetch(batch)`` + ``msg.ack()`` per message + one ``flush()`` per batch),
 in as many processes: it shows what js-etl's pull layer gains over the library it is built on.
 
-Every leg is verified, not trusted: the client limit (and nats-py fetch) received exactly N messages; each table
-holds exactly N rows with N distinct stream sequences (the stream's range) and N distinct ids
-(read back with Spark; only if Spark is unusable, with ``deltalake`` in a child process whose
-exit code is ignored once it printed its counts: that process can abort at exit after a read);
-every consumer ends with ``num_pending`` 0 and ``num_ack_pending`` 0. A leg that fails
+Every leg is verified, not trusted: the client limit (and nats-py fetch) received exactly N
+messages; each table holds exactly N rows with N distinct stream sequences (the stream's range) and
+N distinct ids (read back with Spark; only if Spark is unusable, with ``deltalake`` in a child
+process whose exit code is ignored once it printed its counts: that process can abort at exit after
+a read); every consumer ends with ``num_pending`` 0 and ``num_ack_pending`` 0. A leg that fails
 verification is reported FAILED and the command exits 1.
 
 Memory is sampled with psutil every 0.2 s over this process and all its descendants: the driver
