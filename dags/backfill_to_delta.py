@@ -9,7 +9,7 @@ Trigger it with parameters (UI "Trigger DAG w/ config", or
 * `target_path`: the Delta table to write (empty: the config's `target`, in which case the job
   clamps the range to what the drain's consumer has already acked, so nothing is written twice).
 
-The job is `jobs/backfill_to_delta.py`: ephemeral consumers, the durable consumer is never
+The job is `js_etl/jobs/backfill.py`: ephemeral consumers, the durable consumer is never
 touched. The table actually written is attached to the `js_etl_backfill` AssetAlias at run time,
 since it is only known then.
 """

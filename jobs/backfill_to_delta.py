@@ -1,5 +1,6 @@
 """``spark-submit`` entry point of a backfill: the same job, config and flags as
-``js-etl backfill``.
+``js-etl backfill`` (the work is in the packaged :mod:`js_etl.jobs.backfill`, which a wheel
+install has too).
 
     spark-submit --master local[2] --jars "$(js-etl jars)" jobs/backfill_to_delta.py \
         --config conf/example.yaml (--from-seq N | --from-time T) [--to-seq M | --to-time U] \
@@ -11,7 +12,7 @@ importable on the executors (install the wheel there, or ship it with --py-files
 
 import sys
 
-from js_etl.cli import main
+from js_etl.jobs.backfill import main
 
 if __name__ == "__main__":
-    sys.exit(main(["backfill", *sys.argv[1:]], spark_submit=True))
+    sys.exit(main())

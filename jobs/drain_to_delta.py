@@ -1,4 +1,5 @@
-"""``spark-submit`` entry point of the drain: the same job, config and flags as ``js-etl drain``.
+"""``spark-submit`` entry point of the drain: the same job, config and flags as ``js-etl drain``
+(the work is in the packaged :mod:`js_etl.jobs.drain`, which a wheel install has too).
 
     spark-submit --master local[2] --jars "$(js-etl jars)" jobs/drain_to_delta.py \
         --config conf/example.yaml [--set KEY=VALUE ...] [--report-file PATH]
@@ -9,7 +10,7 @@ with --py-files).
 
 import sys
 
-from js_etl.cli import main
+from js_etl.jobs.drain import main
 
 if __name__ == "__main__":
-    sys.exit(main(["drain", *sys.argv[1:]], spark_submit=True))
+    sys.exit(main())

@@ -9,7 +9,7 @@
     js-etl jars                  (Delta's jars, comma-separated, for spark-submit --jars)
     js-etl bench  [--quick] [--messages N,..] [--size B,..] [--memory-check] [--json PATH]
 
-``jobs/drain_to_delta.py`` runs the same ``drain`` under ``spark-submit``. Exit codes: 0 success,
+``js_etl/jobs/drain.py`` runs the same ``drain`` under ``spark-submit``. Exit codes: 0 success,
 2 a terminal error (fix something first), 73 refused (another run holds the consumer), 75 a
 transient error (retry later), 1 anything unexpected. The last stderr line of a failure is one
 line saying why; the last stdout line of a success is the run report as JSON.
@@ -32,11 +32,8 @@ from js_etl.config import JobConfig, load_config
 from js_etl.errors import JsEtlError, TransientError
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-
     from js_etl.report import RunReport
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("js_etl")
 
 
@@ -48,7 +45,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"js-etl: UsageError: {message}\n")
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser; ``command`` (the first argument) adds the bench's own options only
+    when it is ``bench``."""
     parser = _Parser(prog="js-etl", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -87,21 +86,24 @@ def _parser() -> argparse.ArgumentParser:
     rewind.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
 
     demo = commands.add_parser("demo", help="local nats-server → sample events → Delta, end to end")
-    demo.add_argument("--config", default=str(REPO_ROOT / "conf" / "demo.yaml"))
+    demo.add_argument("--config")  # default: the demo config shipped in the package
     demo.add_argument("--messages", type=int, default=5000)
     demo.add_argument("--keep", action="store_true", help="keep .demo/ from earlier demo runs")
     commands.add_parser("jars", help="print Delta's jars for spark-submit --jars")
 
-    from js_etl.bench import add_arguments as add_bench_arguments
-
-    add_bench_arguments(commands.add_parser(
+    bench = commands.add_parser(
         "bench", help="measure the drain against the bare pull+ack loop and a simple "
-        "deltalake peer on the same data (local nats-server and Spark)"))
+        "deltalake peer on the same data (local nats-server and Spark)")
+    if command == "bench":  # development tooling: imported only when `js-etl bench` runs
+        from js_etl.dev.bench.cli import add_arguments as add_bench_arguments
+
+        add_bench_arguments(bench)
     return parser
 
 
 def main(argv: Sequence[str] | None = None, *, spark_submit: bool = False) -> int:
-    args = _parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _parser(argv[0] if argv else None).parse_args(argv)
     # Only our own progress at INFO: under spark-submit stderr is merged into stdout, and a
     # library logging at exit (py4j does) must not push the report off the last line.
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
@@ -118,7 +120,7 @@ def main(argv: Sequence[str] | None = None, *, spark_submit: bool = False) -> in
         if args.command == "rewind":
             return _rewind(load_config(args.config, args.overrides), args.to_seq, args.yes)
         if args.command == "bench":
-            from js_etl.bench import run_bench
+            from js_etl.dev.bench.cli import run_bench
 
             return run_bench(args)
         if args.command == "jars":
@@ -126,9 +128,10 @@ def main(argv: Sequence[str] | None = None, *, spark_submit: bool = False) -> in
 
             print(",".join(delta_jars()))
             return 0
-        from js_etl.demo import run_demo
+        from js_etl.dev.demo import demo_config, run_demo
 
-        return run_demo(Path(args.config), messages=args.messages, keep=args.keep)
+        return run_demo(Path(args.config) if args.config else demo_config(),
+                        messages=args.messages, keep=args.keep)
     except JsEtlError as e:
         print(f"js-etl: {type(e).__name__}: {e}", file=sys.stderr)
         return e.exit_code
@@ -164,38 +167,6 @@ def _subclasses(cls: type) -> list[type]:
     return [sub for direct in cls.__subclasses__() for sub in (direct, *_subclasses(direct))]
 
 
-def spark_session(config: JobConfig, *, spark_submit: bool) -> SparkSession:
-    """Local Spark from ``spark.*`` config, or the session spark-submit prepared."""
-    from pyspark.sql import SparkSession
-
-    from js_etl.spark.session import configure_delta, local_builder
-
-    if not spark_submit:
-        return local_builder(config.spark.master, config.spark.app_name,
-                             config.spark.conf).getOrCreate()
-    builder = SparkSession.builder.appName(config.spark.app_name)
-    for key, value in config.spark.conf.items():
-        builder = builder.config(key, value)
-    # Under spark-submit the JVM is already running: Delta's jars must come with --jars
-    # (see README); configure_delta only adds the extension and catalog settings then.
-    spark = configure_delta(builder, jars=[]).getOrCreate()
-    _require_delta(spark)
-    return spark
-
-
-def _require_delta(spark: SparkSession) -> None:
-    from js_etl.errors import TerminalError
-
-    from delta.tables import DeltaTable
-
-    try:  # without the jars, py4j hands back a JavaPackage and calling it raises TypeError
-        DeltaTable.isDeltaTable(spark, "file:///nonexistent-js-etl-probe")
-    except TypeError:
-        raise TerminalError("Delta classes are not on the driver's classpath: pass Delta's jars "
-                            "to spark-submit, e.g. --jars $(js-etl jars) — see README "
-                            "'Running a drain'") from None
-
-
 def check_target_paths(config: JobConfig) -> None:
     """Refuse (exit 2, path named) a local table or dead-letter path that cannot be written
     (under a regular file, in /proc, no permission) before Spark starts, instead of an
@@ -213,11 +184,12 @@ def check_target_paths(config: JobConfig) -> None:
 
 def _drain(config: JobConfig, report_file: str | None, spark_submit: bool) -> int:
     from js_etl.spark.drain import run_drain
+    from js_etl.spark.session import job_session
 
     check_target_paths(config)
     options = config.nats.connection_options()  # secrets resolved before Spark starts
     options.check_files()  # and credential/TLS files readable: exit 2 now, not after Spark
-    spark = spark_session(config, spark_submit=spark_submit)
+    spark = job_session(config.spark, spark_submit=spark_submit)
     # SIGTERM (Airflow stopping a task, a scheduler's timeout) ends the run at the next round
     # boundary: the round in progress is committed and acked, the rest released, the lock freed.
     terminated = threading.Event()
@@ -251,6 +223,7 @@ def _sequence(text: str) -> int:
 def _backfill(args: argparse.Namespace, spark_submit: bool) -> int:
     from js_etl.spark.backfill import Backfill, RangeRequest
     from js_etl.spark.delta import DeltaTarget
+    from js_etl.spark.session import job_session
 
     config = load_config(args.config, args.overrides)
     request = RangeRequest.parse(from_seq=args.from_seq, to_seq=args.to_seq,
@@ -268,7 +241,7 @@ def _backfill(args: argparse.Namespace, spark_submit: bool) -> int:
     options.check_files()
     job = Backfill(config, request, options=options, drain_target=drain_target)
     job.plan()  # NATS only: a range that cannot be backfilled fails here, before Spark starts
-    spark = spark_session(config, spark_submit=spark_submit)
+    spark = job_session(config.spark, spark_submit=spark_submit)
     return _emit(job.run(spark), args.report_file)
 
 

@@ -15,8 +15,8 @@ import pytest
 
 os.environ["TZ"] = "UTC"  # collect() returns naive datetimes in the process's local zone
 
+from js_etl.dev.server import LocalNatsServer  # noqa: E402
 from js_etl.jetstream import ConnectionOptions, JetStreamSession  # noqa: E402
-from js_etl.jetstream.server import LocalNatsServer  # noqa: E402
 
 _counter = itertools.count(1)
 
@@ -62,10 +62,9 @@ def names() -> Names:
 def spark() -> Iterator[object]:
     """The one local SparkSession for the whole test session: 2 cores, and a failed task is
     retried once (local[2,2]), as a cluster would; UI off, UTC, Delta."""
-    from js_etl.spark.session import local_builder
+    from js_etl.spark.session import local_session
 
-    session = local_builder("local[2,2]", "js-etl-tests").getOrCreate()
-    session.sparkContext.setLogLevel("ERROR")
+    session = local_session("local[2,2]", "js-etl-tests", log_level="ERROR")
     try:
         yield session
     finally:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from js_etl.dev.publish import publish, wait_for_messages
 from js_etl.jetstream import JetStreamSession
-from js_etl.jetstream.publish import publish, wait_for_messages
 
 
 def add_stream(js: JetStreamSession, names: Any) -> None:

@@ -11,14 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from js_etl.bench import (
-    client_target,
-    format_results,
-    payload,
-    settings_from_args,
-    table_problems,
-)
-from js_etl.bench import main as bench_main
+from js_etl.dev.bench.cli import main as bench_main
+from js_etl.dev.bench.cli import settings_from_args
+from js_etl.dev.bench.report import format_results
+from js_etl.dev.bench.settings import client_target, payload
+from js_etl.dev.bench.verify import table_problems
 from js_etl.errors import TerminalError
 
 BIN = Path(sys.executable).parent
@@ -119,7 +116,7 @@ def test_a_failed_leg_is_printed_as_failed():
 def test_workload_arguments_pair_messages_with_sizes(tmp_path):
     import argparse
 
-    from js_etl.bench import add_arguments
+    from js_etl.dev.bench.cli import add_arguments
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
@@ -146,7 +143,7 @@ def test_bad_arguments_exit_2_with_one_line(capsys):
 
 
 def test_repeats_report_the_fastest_verified_run_and_fail_if_any_run_failed():
-    from js_etl.bench import Leg, summarize
+    from js_etl.dev.bench.report import Leg, summarize
 
     def leg(run: int, seconds: float, problems: list[str]) -> Leg:
         return Leg("js_etl", 2, 100, seconds, 25_600, problems,
@@ -164,7 +161,7 @@ def test_the_fallback_reader_counts_a_deltalake_table_in_a_child_process(tmp_pat
     import pyarrow as pa
     from deltalake import write_deltalake
 
-    from js_etl.bench import table_counts_deltalake
+    from js_etl.dev.bench.verify import table_counts_deltalake
 
     table = pa.table({"seq": pa.array([1, 2, 3, 3], pa.int64()),
                       "id": pa.array([0, 1, 2, 2], pa.int64())})

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from js_etl.dev.demo import demo_config
+from js_etl.dev.publish import publish, wait_for_messages
 from js_etl.errors import TerminalError
 from js_etl.jetstream.errors import NatsUnavailableError
-from js_etl.jetstream.publish import publish, wait_for_messages
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -41,7 +42,7 @@ def stream_with_messages(js, names):
 
 
 def drain_args(names, nats_server, table: Path) -> list[str]:
-    return ["--config", str(REPO / "conf" / "demo.yaml"),
+    return ["--config", str(demo_config()),
             "--set", f"nats.servers={nats_server.url}",
             "--set", f"source.stream={names.stream}", "--set", f"source.consumer={names.consumer}",
             "--set", f"target.path={table}", "--set", "fetch.pull_timeout=2"]
@@ -67,9 +68,9 @@ def test_config_errors_fail_fast_naming_the_key(tmp_path):
 
 
 def test_unreachable_server_is_a_transient_error_with_a_reason(tmp_path):
-    from js_etl.jetstream.server import free_port
+    from js_etl.dev.server import free_port
 
-    result = run(JS_ETL, "status", "--config", str(REPO / "conf" / "demo.yaml"),
+    result = run(JS_ETL, "status", "--config", str(demo_config()),
                  "--set", f"nats.servers=nats://127.0.0.1:{free_port()}",
                  "--set", "nats.connect_timeout=1")
     assert result.returncode == 75

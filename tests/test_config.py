@@ -17,6 +17,7 @@ from js_etl.config import (
     TargetConfig,
     load_config,
 )
+from js_etl.dev.demo import demo_config
 from js_etl.errors import ConfigError, TerminalError
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -754,16 +755,17 @@ def test_messages_are_one_line() -> None:
 # ------------------------------------------------------------------------------- shipped examples
 
 
-@pytest.mark.parametrize("name", ["example.yaml", "demo.yaml"])
-def test_shipped_examples_load(name: str) -> None:
-    cfg = load_config(CONF_DIR / name, environ={})
+@pytest.mark.parametrize("path", [CONF_DIR / "example.yaml", demo_config()],
+                         ids=["example.yaml", "demo.yaml"])
+def test_shipped_examples_load(path: Path) -> None:
+    cfg = load_config(path, environ={})
     assert cfg.decode.format == "json" and cfg.decode.schema
     assert cfg.target.partition_by == ["to_date(published_at) AS date"]
 
 
 def test_demo_yaml_contents() -> None:
     cfg = load_config(
-        CONF_DIR / "demo.yaml", overrides=["nats.servers=127.0.0.1:14222"], environ={}
+        demo_config(), overrides=["nats.servers=127.0.0.1:14222"], environ={}
     )
     assert cfg.job_id == "js-etl:DEMO:demo_drain"
     assert cfg.source.create_consumer is True

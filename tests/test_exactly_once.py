@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 from test_faults import assert_exactly_once, config_for, events, setup_stream
 
+from js_etl.dev.publish import publish, wait_for_messages
 from js_etl.errors import RunRefusedError, TerminalError
 from js_etl.jetstream.errors import ConsumerConfigError
-from js_etl.jetstream.publish import publish, wait_for_messages
 from js_etl.spark import drain as drain_module
 from js_etl.spark import lock as lock_module
 from js_etl.spark.delta import CommitTag, DeltaTarget

@@ -20,14 +20,13 @@ from typing import Any
 
 import psutil
 import pytest
-
 from test_jetstream_support import run_until
 
 from js_etl.config import load_config
+from js_etl.dev.publish import publish, wait_for_messages
+from js_etl.dev.server import LocalNatsServer
 from js_etl.errors import RunRefusedError
 from js_etl.jetstream import ConnectionOptions, ConsumerConfig, JetStreamSession, PriorityPolicy
-from js_etl.jetstream.publish import publish, wait_for_messages
-from js_etl.jetstream.server import LocalNatsServer
 from js_etl.spark.drain import run_drain
 from js_etl.spark.lock import TableLock
 

@@ -16,6 +16,7 @@ import time
 import pytest
 from test_jetstream_support import consumer, pub, stream, wait_until  # noqa: F401
 
+from js_etl.dev.server import LocalNatsServer
 from js_etl.errors import TerminalError, TransientError
 from js_etl.jetstream import (
     ConnectionOptions,
@@ -26,7 +27,6 @@ from js_etl.jetstream import (
     ack_subject,
 )
 from js_etl.jetstream.errors import AuthorizationError, NatsUnavailableError
-from js_etl.jetstream.server import LocalNatsServer
 
 
 def test_closed_port_fails_fast_as_unavailable():

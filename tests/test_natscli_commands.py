@@ -21,13 +21,13 @@ from typing import Any
 import pytest
 
 from js_etl.config import load_config
+from js_etl.dev.server import LocalNatsServer
 from js_etl.jetstream import AckPolicy, ConsumerConfig, JetStreamSession, PriorityPolicy
 from js_etl.jetstream.errors import (
     ConsumerConfigError,
     ConsumerNotFoundError,
     StreamNotFoundError,
 )
-from js_etl.jetstream.server import LocalNatsServer
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 MIN_ACK_WAIT = 15.0  # what a drain with fetch.pull_timeout 5s needs

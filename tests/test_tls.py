@@ -23,10 +23,10 @@ import pytest
 from tls_support import PKI_UNAVAILABLE, Pki, make_pki
 
 from js_etl.config import load_config
+from js_etl.dev.server import LocalNatsServer
 from js_etl.errors import ConfigError, TerminalError
 from js_etl.jetstream import ConnectionOptions, JetStreamSession, TlsOptions
 from js_etl.jetstream.errors import StreamNotFoundError, TlsError
-from js_etl.jetstream.server import LocalNatsServer
 
 pytestmark = pytest.mark.skipif(PKI_UNAVAILABLE is not None, reason=PKI_UNAVAILABLE or "")
 

@@ -35,6 +35,7 @@ from airflow.sdk.exceptions import (
     AirflowNotFoundException,
 )
 
+import js_etl.jobs
 from js_etl.airflow.assets import target_asset
 from js_etl.airflow.hooks import JetStreamHook
 from js_etl.config import JobConfig, load_config
@@ -44,8 +45,9 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
 Job = Literal["drain", "backfill"]
-JOBS_DIR = Path(__file__).resolve().parents[2] / "jobs"
-JOB_SCRIPTS: dict[str, str] = {"drain": "drain_to_delta.py", "backfill": "backfill_to_delta.py"}
+# The packaged job scripts (js_etl/jobs/): where the installed js_etl is, from a wheel or a checkout.
+JOBS_DIR = Path(js_etl.jobs.__file__).resolve().parent
+JOB_SCRIPTS: dict[str, str] = {"drain": "drain.py", "backfill": "backfill.py"}
 EXIT_MEANINGS = {
     2: "terminal: fix something first, not retried",
     73: "refused: another run holds the consumer",
@@ -157,8 +159,8 @@ class JetStreamToDeltaOperator(BaseOperator):
     :param config_path: the job's YAML config (absolute path; templated).
     :param overrides: config overrides passed as ``--set key=value``: a dict
         (``{"run.max_messages": 10000}``) or a list of ``"key=value"`` (templated).
-    :param job: ``"drain"`` (``jobs/drain_to_delta.py``) or ``"backfill"``
-        (``jobs/backfill_to_delta.py``).
+    :param job: ``"drain"`` (:mod:`js_etl.jobs.drain`) or ``"backfill"``
+        (:mod:`js_etl.jobs.backfill`).
     :param job_args: more arguments for the job script, e.g. ``["--from-seq", "1000"]`` for a
         backfill (templated; an XComArg works too).
     :param nats_conn_id: the ``nats`` connection; it owns the config's whole ``nats`` section.
@@ -173,7 +175,8 @@ class JetStreamToDeltaOperator(BaseOperator):
         else ``spark-submit`` on PATH. With a ``local`` master, ``PYSPARK_PYTHON`` defaults to
         the running Python so the job imports the same js_etl.
     :param env_vars: more environment for spark-submit (templated); wins over the connection's.
-    :param application: the job script; default from ``job`` in the repository's ``jobs/``.
+    :param application: the job script; default from ``job``, the packaged
+        ``js_etl/jobs/<job>.py`` of the installed js-etl.
     :param spark_submit_kwargs: anything else for ``SparkSubmitHook`` (``driver_memory``,
         ``executor_memory``, ``py_files``, ``deploy_mode`` …). The report file and the NATS
         environment need client deploy mode (the default).
@@ -321,8 +324,9 @@ class JetStreamToDeltaOperator(BaseOperator):
         application = self.application or str(JOBS_DIR / JOB_SCRIPTS[self.job])
         if not Path(application).is_file():
             raise AirflowFailException(
-                f"job script {application} not found: the {self.job!r} job lives in the js-etl "
-                "repository's jobs/ folder; pass application= with its path on this worker")
+                f"job script {application} not found: the {self.job!r} job is "
+                f"{JOBS_DIR / JOB_SCRIPTS[self.job]} of the installed js-etl; leave application= "
+                "unset, or pass a path that exists on this worker")
         return application
 
     def _jars(self) -> str | None:

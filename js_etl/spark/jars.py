@@ -1,9 +1,17 @@
-"""Delta's JVM jars, resolved from Maven Central once into ``.jars/`` and reused offline.
+"""Delta's JVM jars, resolved from Maven Central once into a jars folder and reused offline.
 
 ``configure_spark_with_delta_pip`` would resolve through Ivy on every session start (network
 each time) and asks for ``delta-spark_4.2_2.13:<python package version>``. We resolve once with
 Maven and keep only the artifacts pyspark does not already ship: Spark's own classes are loaded
 parent-first, so duplicates (older jackson, parquet, hadoop) would only be dead weight.
+
+The jars folder (:func:`default_jar_dir`), first that applies:
+
+1. ``$JS_ETL_JARS_DIR`` — a folder of jars you provide (or want them resolved into);
+2. ``<repository>/.jars/delta-<version>`` when js_etl runs from its source checkout
+   (``pip install -e``; git-ignored);
+3. ``${XDG_CACHE_HOME:-~/.cache}/js-etl/jars/delta-<version>``, a per-user cache, for an
+   installed wheel.
 
     python -m js_etl.spark.jars            # resolve (idempotent), print the jar paths
 """
@@ -35,10 +43,26 @@ _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
 
 
 def default_jar_dir() -> Path:
-    """``$JS_ETL_JARS_DIR``, else ``.jars/delta-<v>`` at the repository root (ignored by git)."""
+    """``$JS_ETL_JARS_DIR``, else ``.jars/delta-<v>`` of the source checkout js_etl runs from,
+    else the per-user cache ``${XDG_CACHE_HOME:-~/.cache}/js-etl/jars/delta-<v>``."""
     if os.environ.get("JS_ETL_JARS_DIR"):
         return Path(os.environ["JS_ETL_JARS_DIR"])
-    return Path(__file__).resolve().parents[2] / ".jars" / f"delta-{DELTA_VERSION}"
+    checkout = source_checkout()
+    if checkout is not None:
+        return checkout / ".jars" / f"delta-{DELTA_VERSION}"
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "js-etl" / "jars" / f"delta-{DELTA_VERSION}"
+
+
+def source_checkout() -> Path | None:
+    """The repository root when js_etl is imported from its source checkout (its own
+    ``pyproject.toml`` beside the package), else None: an installed wheel has no repository."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        pyproject = (root / "pyproject.toml").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    return root if re.search(r'^name\s*=\s*"js-etl"', pyproject, re.MULTILINE) else None
 
 
 def _artifact_name(jar: str) -> str:

@@ -1,5 +1,10 @@
-"""Spark session configuration for Delta. Library code configures a builder and returns it; it
-never starts a session as a side effect (the Delta Python API's own habit)."""
+"""Starting Spark for js-etl: the one place a SparkSession is configured and started.
+
+Library code configures a builder and returns it (:func:`configure_delta`,
+:func:`local_builder`); it never starts a session as a side effect (the Delta Python API's own
+habit). The entry points that do need a session — the CLI and spark-submit jobs
+(:func:`job_session`), the demo, the bench and the tests (:func:`local_session`) — start it here.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,8 @@ from js_etl.spark.jars import delta_jars
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from js_etl.config import SparkConfig
 
 
 DELTA_CONF = {
@@ -50,3 +57,47 @@ def local_builder(master: str = "local[2]", app_name: str = "js-etl",
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     return configure_delta(builder)
+
+
+def local_session(master: str = "local[2]", app_name: str = "js-etl",
+                  conf: Mapping[str, str] | None = None, *,
+                  log_level: str | None = None) -> SparkSession:
+    """Start (or reuse) local Spark from :func:`local_builder`; ``log_level`` (e.g. ``"ERROR"``)
+    quiets Spark's own logging for tools whose output is meant to be read (demo, bench, tests).
+
+    >>> spark = local_session("local[2]", "my-notebook", log_level="ERROR")
+    """
+    spark = local_builder(master, app_name, conf).getOrCreate()
+    if log_level is not None:
+        spark.sparkContext.setLogLevel(log_level)
+    return spark
+
+
+def job_session(spark_config: SparkConfig, *, spark_submit: bool) -> SparkSession:
+    """The session of a ``js-etl drain|backfill`` run: local Spark from the config's ``spark.*``
+    section, or, under spark-submit, the session spark-submit prepared."""
+    from pyspark.sql import SparkSession
+
+    if not spark_submit:
+        return local_session(spark_config.master, spark_config.app_name, spark_config.conf)
+    builder = SparkSession.builder.appName(spark_config.app_name)
+    for key, value in spark_config.conf.items():
+        builder = builder.config(key, value)
+    # Under spark-submit the JVM is already running: Delta's jars must come with --jars
+    # (see README); configure_delta only adds the extension and catalog settings then.
+    spark = configure_delta(builder, jars=[]).getOrCreate()
+    _require_delta(spark)
+    return spark
+
+
+def _require_delta(spark: SparkSession) -> None:
+    from delta.tables import DeltaTable
+
+    from js_etl.errors import TerminalError
+
+    try:  # without the jars, py4j hands back a JavaPackage and calling it raises TypeError
+        DeltaTable.isDeltaTable(spark, "file:///nonexistent-js-etl-probe")
+    except TypeError:
+        raise TerminalError("Delta classes are not on the driver's classpath: pass Delta's jars "
+                            "to spark-submit, e.g. --jars $(js-etl jars) — see README "
+                            "'Running a drain'") from None

@@ -40,8 +40,8 @@ os.environ.update({
 
 from airflow_support import TOKEN, set_connection  # noqa: E402
 
+from js_etl.dev.server import LocalNatsServer, free_port  # noqa: E402
 from js_etl.jetstream import ConnectionOptions, JetStreamSession, Secret  # noqa: E402
-from js_etl.jetstream.server import LocalNatsServer, free_port  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -11,8 +11,8 @@ import pytest
 from airflow_support import REPO, TOKEN, set_connection
 
 from js_etl.config import load_config
+from js_etl.dev.publish import publish, wait_for_messages
 from js_etl.errors import ConfigError
-from js_etl.jetstream.publish import publish, wait_for_messages
 
 
 def test_provider_info_registers_the_nats_connection_type():

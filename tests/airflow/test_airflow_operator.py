@@ -19,7 +19,8 @@ from airflow_support import (
     xcom,
 )
 
-from js_etl.jetstream.publish import publish, wait_for_messages
+import js_etl.jobs.backfill
+from js_etl.dev.publish import publish, wait_for_messages
 
 # dag.test() runs tasks through Airflow's in-process execution API, whose FastAPI TestClient
 # import warns about starlette/httpx: Airflow's own dependency, nothing these tests can change.
@@ -95,9 +96,8 @@ def test_backfill_runs_its_own_script_with_the_range_flags_last(tmp_path, names)
     assert op._job_arguments(str(config), ["run.max_messages=10", "fetch.batch=50"], "/r.json") == [
         "--config", str(config), "--set", "run.max_messages=10", "--set", "fetch.batch=50",
         "--report-file", "/r.json", "--from-seq", "5", "--to-seq", "9"]
-    script = Path(op._application()) if (REPO / "jobs" / "backfill_to_delta.py").exists() else None
-    if script is not None:
-        assert script == REPO / "jobs" / "backfill_to_delta.py"
+    # By default the packaged job script of the installed js_etl (a wheel install has it too).
+    assert Path(op._application()) == Path(js_etl.jobs.backfill.__file__).resolve()
     elsewhere = JetStreamToDeltaOperator(task_id="t", config_path=config, job="backfill",
                                          application=str(tmp_path / "missing.py"))
     with pytest.raises(AirflowFailException, match="missing.py not found: the 'backfill' job"):

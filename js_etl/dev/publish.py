@@ -1,4 +1,4 @@
-"""Fast, confirmed publishing for the demo, tests and benchmarks.
+"""Fast, confirmed publishing for the demo, tests and the bench.
 
 Messages go out as raw PUB/HPUB frames in chunks of one write each, every one with its own reply
 subject; the server's PubAcks come back through the raw frame sink (no per-message future).

@@ -1,0 +1,172 @@
+"""``js-etl bench`` on the command line: its arguments, the settings they make, and the entry
+point (``js_etl.cli`` imports this module only when ``js-etl bench`` runs)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from js_etl.dev import bench as bench_package
+from js_etl.dev.bench.report import format_results
+from js_etl.dev.bench.runner import Bench
+from js_etl.dev.bench.settings import (
+    DEFAULT_LEGS,
+    DEFAULT_WORKLOADS,
+    LEG_LABELS,
+    MEMORY_N,
+    MEMORY_SIZE,
+    PEER_BATCH,
+    QUICK_MEMORY_N,
+    QUICK_WORKLOADS,
+    WARMUP_MESSAGES,
+    Settings,
+)
+from js_etl.errors import TerminalError
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(x.replace("_", "")) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}"
+                                         ) from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one integer")
+    return values
+
+
+def _legs(text: str) -> tuple[str, ...]:
+    names = tuple(x.strip().replace("-", "_") for x in text.split(",") if x.strip())
+    unknown = [x for x in names if x not in LEG_LABELS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown leg(s) {unknown}; choose from "
+                                         f"{', '.join(LEG_LABELS)}")
+    return names
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--messages", type=_int_list, metavar="N[,N...]",
+                        help="messages per workload (default 1000000,200000; --quick 20000,5000)")
+    parser.add_argument("--size", type=_int_list, metavar="BYTES[,BYTES...]",
+                        help="payload bytes per workload, paired with --messages (default "
+                             "256,4096); one value applies to every workload")
+    parser.add_argument("--quick", action="store_true",
+                        help="a small smoke run (20,000 x 256 B and 5,000 x 4 KiB)")
+    parser.add_argument("--partitions", type=int,
+                        help="fetch.partitions of the drain = processes of the client-limit leg "
+                             "(default 2)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY=VALUE",
+                        help="drain config override, e.g. fetch.batch=2000 (repeatable); the "
+                             "client-limit leg uses the same fetch.batch / fetch.max_bytes")
+    parser.add_argument("--peer-batch", type=int, default=PEER_BATCH,
+                        help=f"messages per pull and per Delta commit of the simple peer "
+                             f"(default {PEER_BATCH})")
+    parser.add_argument("--legs", type=_legs, default=DEFAULT_LEGS, metavar="LEG[,LEG...]",
+                        help="run only these legs: client_limit, simple_peer, js_etl "
+                             "(default all; a ratio needs both of its legs), or also "
+                             "nats_py_fetch (nats-py's own fetch loop, compared with the "
+                             "client limit; only when named)")
+    parser.add_argument("--repeat", type=int, default=1, metavar="K",
+                        help="run the legs K times, alternating, and compare the fastest "
+                             "verified run of each (filters out other load; default 1)")
+    parser.add_argument("--memory-check", action="store_true",
+                        help="only run the js-etl leg at N and 4xN messages (N = first "
+                             "--messages, default 1000000; --quick 20000) and compare peak RSS")
+    parser.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=None,
+                        help=f"a {WARMUP_MESSAGES:,}-message untimed drain after Spark starts, "
+                             "so the timed legs do not pay JIT and Delta's first use "
+                             "(default: on, off with --quick except for --memory-check)")
+    parser.add_argument("--json", dest="json_path", metavar="PATH",
+                        help="also write the JSON result here")
+    parser.add_argument("--workdir", help="where the server store and tables go (default: a new "
+                                          "temporary directory, removed afterwards)")
+    parser.add_argument("--keep", action="store_true", help="keep the tables and the workdir")
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    defaults = QUICK_WORKLOADS if args.quick else DEFAULT_WORKLOADS
+    messages = args.messages or [n for n, _ in defaults]
+    sizes = args.size or ([s for _, s in defaults] if len(messages) == len(defaults)
+                          else [defaults[0][1]])
+    if len(sizes) == 1:
+        sizes = sizes * len(messages)
+    if len(messages) == 1:
+        messages = messages * len(sizes)
+    if len(messages) != len(sizes):
+        raise TerminalError(f"--messages has {len(messages)} values and --size {len(sizes)}: "
+                            "give one value or as many as the other")
+    if any(n < 1 for n in messages) or any(s < 1 for s in sizes):
+        raise TerminalError("--messages and --size must be >= 1")
+    if args.partitions is not None and args.partitions < 1:
+        raise TerminalError("--partitions must be >= 1")
+    if args.repeat < 1:
+        raise TerminalError("--repeat must be >= 1")
+    if args.peer_batch < 1:
+        raise TerminalError("--peer-batch must be >= 1")
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="js-etl-bench-"))
+    return Settings(
+        workloads=list(zip(messages, sizes, strict=True)), overrides=list(args.overrides),
+        partitions=args.partitions, peer_batch=args.peer_batch,
+        warmup=not args.quick if args.warmup is None else args.warmup,
+        workdir=workdir.resolve(), keep=args.keep or bool(args.workdir),
+        memory_check=args.memory_check, legs=args.legs, repeat=args.repeat,
+        memory_warmup=args.warmup is not False,
+        memory_n=args.messages[0] if args.messages else (QUICK_MEMORY_N if args.quick
+                                                         else MEMORY_N),
+        memory_size=args.size[0] if args.size else MEMORY_SIZE)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """``js-etl bench``: returns 0 when every leg verified, 1 otherwise."""
+    try:
+        import deltalake  # noqa: F401
+        import psutil  # noqa: F401
+    except ImportError as e:
+        raise TerminalError(f"js-etl bench needs psutil and deltalake ({e.name} is missing): "
+                            "pip install -e '.[dev]'") from None
+    from js_etl.dev.server import LocalNatsServer
+
+    settings = settings_from_args(args)
+    os.environ.setdefault("TZ", "UTC")
+    settings.workdir.mkdir(parents=True, exist_ok=True)
+    out = lambda text: print(text, flush=True)  # noqa: E731
+    try:
+        with LocalNatsServer(settings.workdir / "nats") as server:
+            out(f"nats-server {server.url} (pid {server.pid}), work dir {settings.workdir}")
+            bench = Bench(settings, server.url, out)
+            try:
+                result = bench.run()
+            finally:
+                bench.close()
+    finally:
+        if not settings.keep:
+            shutil.rmtree(settings.workdir, ignore_errors=True)
+    out(format_results(result))
+    text = json.dumps(result, separators=(",", ":"), default=str)
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps(result, indent=2, default=str) + "\n")
+    out(text)
+    return 0 if result["ok"] else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    description = (bench_package.__doc__ or "").split("\n\n")[0]
+    parser = argparse.ArgumentParser(prog="js-etl bench", description=description)
+    add_arguments(parser)
+    try:
+        return run_bench(parser.parse_args(argv))
+    except TerminalError as e:
+        print(f"js-etl: {type(e).__name__}: {e}", file=sys.stderr)
+        return e.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

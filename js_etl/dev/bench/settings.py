@@ -1,0 +1,62 @@
+"""What a bench run measures: its workloads, payloads, fixed parameters and targets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_WORKLOADS = ((1_000_000, 256), (200_000, 4096))
+QUICK_WORKLOADS = ((20_000, 256), (5_000, 4096))
+MEMORY_N, QUICK_MEMORY_N, MEMORY_SIZE = 1_000_000, 20_000, 256
+MEMORY_TARGET = 1.10  # peak RSS at 4×N within 10% of N
+WARMUP_MESSAGES = 2_000
+SCHEMA_DDL = "id BIGINT, kind STRING, amount DOUBLE, pad STRING"
+PARTITION_BY = "to_date(published_at) AS date"
+KINDS = (b"order", b"refund", b"payment", b"shipment")
+ACK_WAIT = 300.0  # seconds, every bench consumer
+JS_ETL_MAX_ACK_PENDING = 1_000_000
+PEER_BATCH = 5_000  # facts §12: 57-60k msg/s at 256 B, 13-17k at 4 KiB
+PEER_MAX_BYTES = 32 << 20  # 5,000 x 4 KiB fits in one pull, well under the 64 MiB slow-consumer cut
+PEER_TARGET = 1.0
+SAMPLE_SECONDS = 0.2
+MiB = 1 << 20
+
+LEG_LABELS = {"client_limit": "client limit", "simple_peer": "simple peer", "js_etl": "js-etl",
+              "nats_py_fetch": "nats-py fetch"}
+# The legs a run has unless --legs says otherwise; nats_py_fetch is only run when asked for.
+DEFAULT_LEGS = ("client_limit", "simple_peer", "js_etl")
+
+
+def client_target(size: int) -> float:
+    """js-etl / client-limit target: 0.6 for small messages (256 B), 0.8 for large (4 KiB)."""
+    return 0.6 if size < 2048 else 0.8
+
+
+def payload(i: int, size: int, pad: bytes) -> bytes:
+    """A JSON object of exactly ``size`` bytes (or its minimum, ~60 B), decodable by SCHEMA_DDL."""
+    head = b'{"id":%d,"kind":"%s","amount":%d.%02d,"pad":"' % (
+        i, KINDS[i % len(KINDS)], i % 1000, i % 100)
+    return head + pad[:max(size - len(head) - 2, 0)] + b'"}'
+
+
+def expected_ids(n: int) -> tuple[int, int]:
+    return 0, n - 1
+
+
+@dataclass
+class Settings:
+    """One ``js-etl bench`` run, as its arguments set it."""
+
+    workloads: list[tuple[int, int]]
+    overrides: list[str]  # user --set, applied to the js-etl drain config
+    partitions: int | None
+    peer_batch: int
+    warmup: bool
+    workdir: Path
+    keep: bool
+    memory_check: bool
+    memory_n: int
+    memory_size: int
+    legs: tuple[str, ...] = DEFAULT_LEGS
+    repeat: int = 1
+    memory_warmup: bool = True

@@ -1,0 +1,28 @@
+"""``spark-submit`` entry point of a backfill: the same job, config and flags as
+``js-etl backfill``.
+
+    spark-submit --master local[2] --jars "$(js-etl jars)" \
+        "$(python -c 'import js_etl.jobs.backfill as job; print(job.__file__)')" \
+        --config conf/example.yaml (--from-seq N | --from-time T) [--to-seq M | --to-time U] \
+        [--set KEY=VALUE ...] [--report-file PATH]
+
+The range is checked against the stream before Spark does any work. On a cluster, js_etl must be
+importable on the executors (install the wheel there, or ship it with --py-files).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``js-etl backfill`` with ``argv`` (default: this process's arguments) under
+    spark-submit; returns the exit code."""
+    from js_etl.cli import main as cli_main
+
+    return cli_main(["backfill", *(sys.argv[1:] if argv is None else argv)], spark_submit=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
