@@ -3,8 +3,9 @@
 =============================  ================================================================
 ``JetStreamHook``              the ``nats`` connection type: sessions, test_connection, the
                                job's environment (:mod:`js_etl.airflow.hooks`)
-``JetStreamToDeltaOperator``   runs ``jobs/drain_to_delta.py`` / ``backfill_to_delta.py`` with
-                               spark-submit, returns the run report (:mod:`.operators`)
+``JetStreamToDeltaOperator``   runs the packaged job (``js_etl/jobs/drain.py`` /
+                               ``backfill.py``) with spark-submit, returns the run report
+                               (:mod:`.operators`)
 ``JetStreamBacklogSensor``     waits for ``num_pending >= min_pending``, deferrable
                                (:mod:`.sensors`, trigger in :mod:`.triggers`)
 ``delta_asset``                the Delta table as an Airflow ``Asset`` (:mod:`.assets`)

