@@ -158,7 +158,7 @@ def test_facade_in_a_process_that_already_ran_asyncio(js, names, stream, nats_se
         for _ in range(2):
             with JetStreamSession(options) as js:
                 result = js.pull(js.puller({stream!r}, {names.consumer!r}), 2)
-                ack(js, [m.reply for m in result.messages])
+                js.run(js.acker.ack([m.reply for m in result.messages]))
                 counts.append(len(result.messages))
         print(counts)
     """)

@@ -50,11 +50,10 @@ and the stream sequence is pending — so NAKs use the last delivered consumer s
 NAK for a message that is not pending is ignored.
 
 A server-side ``max_deliver`` is refused (:func:`js_etl.durable.policy.drain_consumer_problems`):
-the server drops a
-message after that many deliveries and moves the ack floor past it, and a run that dies after
-its fetch (or a NAK of the fence) spends a delivery without committing — so a crash could lose a
-message for good. js-etl parks poison itself instead (``source.max_deliver``), in the
-dead-letter table, after its commit.
+the server drops a message after that many deliveries and moves the ack floor past it, and a run
+that dies after its fetch (or a NAK of the fence) spends a delivery without committing — so a
+crash could lose a message for good. js-etl parks poison itself instead
+(``source.max_deliver``), in the dead-letter table, after its commit.
 """
 
 from __future__ import annotations
