@@ -222,7 +222,7 @@ def _sequence(text: str) -> int:
 
 def _backfill(args: argparse.Namespace, spark_submit: bool) -> int:
     from js_etl.spark.backfill import Backfill, RangeRequest
-    from js_etl.spark.delta import DeltaTarget
+    from js_etl.spark.delta import DeltaTarget, job_tables
     from js_etl.spark.session import job_session
 
     config = load_config(args.config, args.overrides)
@@ -232,8 +232,8 @@ def _backfill(args: argparse.Namespace, spark_submit: bool) -> int:
     # backfill into that table is clamped to the durable consumer's ack floor (see backfill.py).
     try:
         drain = load_config(args.config, [o for o in args.overrides
-                                          if not o.strip().startswith("target.")]).target
-        drain_target: DeltaTarget | None = DeltaTarget(drain.path, drain.table)
+                                          if not o.strip().startswith("target.")])
+        drain_target: DeltaTarget | None = job_tables(drain).target
     except JsEtlError:  # no target without the overrides: no drain of this config writes one
         drain_target = None
     check_target_paths(config)
@@ -247,7 +247,8 @@ def _backfill(args: argparse.Namespace, spark_submit: bool) -> int:
 
 def _rewind(config: JobConfig, to_seq: int, yes: bool) -> int:
     from js_etl.jetstream import JetStreamSession
-    from js_etl.spark.backfill import ConfirmationRequiredError, plan_rewind, rewind_consumer
+    from js_etl.durable.rewind import plan_rewind, rewind_consumer
+    from js_etl.errors import ConfirmationRequiredError
 
     with JetStreamSession(config.nats.connection_options()) as js:
         plan = plan_rewind(js, config, to_seq)

@@ -42,3 +42,20 @@ class RunRefusedError(TransientError):
     """Another run holds this consumer; this run did nothing and may be retried later."""
 
     exit_code = 73
+
+
+# --- backfill ranges and the rewind of a durable consumer --------------------------------------
+class RangeError(ConfigError):
+    """The requested range is empty, inverted, beyond the stream, or has no messages."""
+
+
+class PurgedRangeError(TerminalError):
+    """The range starts before the first message the stream still stores (purged or expired)."""
+
+
+class ConfirmationRequiredError(ConfigError):
+    """A destructive admin command was not confirmed (no ``--yes`` and no terminal to ask on)."""
+
+
+class RewindUnsupportedError(TerminalError):
+    """The server cannot reset a consumer; the message carries the delete-and-recreate commands."""

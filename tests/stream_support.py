@@ -16,3 +16,7 @@ def publish_and_wait(js: JetStreamSession, names: Any, messages: list[Any]) -> N
     before = js.stream_info(names.stream).state.last_seq
     js.run(publish(js.conn, messages))
     js.run(wait_for_messages(js.conn, names.stream, before + len(messages)))
+
+
+def purge_stream(js: JetStreamSession, name: str, *, keep: int | None = None) -> None:
+    js.run(js.conn.request(f"STREAM.PURGE.{name}", {"keep": keep} if keep is not None else None))

@@ -14,22 +14,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from stream_support import add_stream, publish_and_wait
+from stream_support import add_stream, publish_and_wait, purge_stream
+from test_jetstream_support import ack
 
 from js_etl import cli
 from js_etl.config import JobConfig, load_config
-from js_etl.errors import ConfigError, RunRefusedError
+from js_etl.errors import ConfigError, PurgedRangeError, RangeError, RunRefusedError
+from js_etl.instant import format_instant, parse_instant
 from js_etl.jetstream import ConsumerConfig, DeliverPolicy, JetStreamSession
 from js_etl.jetstream.admin import JetStreamAdmin
 from js_etl.jetstream.errors import NatsUnavailableError, StreamNotFoundError
 from js_etl.spark import backfill as backfill_module
 from js_etl.spark.backfill import (
     Backfill,
-    PurgedRangeError,
-    RangeError,
     RangeRequest,
-    format_instant,
-    parse_instant,
     run_backfill,
     split_range,
 )
@@ -234,7 +232,7 @@ def test_the_durable_consumer_is_unchanged_and_filters_apply(spark, js, names, n
     js.run(js.admin.create_consumer(names.stream, ConsumerConfig(
         durable_name=names.consumer, ack_wait=60, filter_subjects=(f"{names.prefix}.keep",))))
     pulled = js.pull(js.puller(names.stream, names.consumer), 30)
-    js.ack([m.reply for m in pulled.messages[:20]])  # 20 acked, 10 in flight
+    ack(js, [m.reply for m in pulled.messages[:20]])  # 20 acked, 10 in flight
     before = settled(js, names)
     table = tmp_path / "copy"
     # No filter in the config: the durable consumer's filter is the job's.
@@ -323,7 +321,7 @@ def test_purged_prefix_is_a_clear_error_naming_the_first_available_seq(js, names
                                                                        tmp_path):
     add_stream(js, names)
     publish_and_wait(js, names, numbered(names, 1, 101))
-    js.run(js.admin.purge_stream(names.stream, keep=40))  # seqs 1..60 are gone
+    purge_stream(js, names.stream, keep=40)  # seqs 1..60 are gone
     config = make_config(names, nats_server, tmp_path / "t")
 
     with pytest.raises(PurgedRangeError, match="first available is seq 61.*--from-seq 61"):
@@ -475,6 +473,6 @@ def test_rewind_refuses_without_confirmation_and_explains_old_servers(
     assert len(js.pull(js.puller(names.stream, names.consumer), 5).messages) == 5
     assert cli.main(rewind_args(names, nats_server, table, 5, "--yes")) == RunRefusedError.exit_code
     # Out of range: clear errors.
-    js.run(js.admin.purge_stream(names.stream, keep=30))
+    purge_stream(js, names.stream, keep=30)
     assert cli.main(rewind_args(names, nats_server, table, 99, "--yes")) == 2
     assert "at most 51" in capsys.readouterr().err.strip().splitlines()[-1]

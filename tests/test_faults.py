@@ -20,7 +20,7 @@ from typing import Any
 
 import psutil
 import pytest
-from test_jetstream_support import run_until
+from test_jetstream_support import ack, nak, run_until
 
 from js_etl.config import load_config
 from js_etl.dev.publish import publish, wait_for_messages
@@ -218,7 +218,7 @@ def test_poison_and_oversize_messages_never_stall_the_drain(spark, js, names, na
     for _ in range(3):
         result = js.pull(other, 1)
         assert result.messages[0].metadata.stream_seq == stuck_seq
-        js.nak([result.messages[0].reply])
+        nak(js, [result.messages[0].reply])
         # The server applies a NAK after reading it (measured): pull again only once it has,
         # or the next pull may be served seq 2 first.
         deadline = time.monotonic() + 5
@@ -309,7 +309,7 @@ def test_pinned_by_another_client_is_refused(spark, js, names, nats_server, tmp_
     foreign = js.puller(names.stream, names.consumer, group="etl")
     taken = js.pull(foreign, 1)
     assert foreign.pin_id and taken.messages
-    js.ack([taken.messages[0].reply])
+    ack(js, [taken.messages[0].reply])
 
     with pytest.raises(RunRefusedError, match="pinned by another client"):
         run_drain(spark, config_for(names, nats_server.url, tmp_path / "t",

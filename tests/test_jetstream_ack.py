@@ -7,7 +7,18 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from test_jetstream_support import consumer, pub, run_until, stream, wait_until  # noqa: F401
+from test_jetstream_support import (  # noqa: F401
+    ack,
+    ack_confirmed,
+    consumer,
+    in_progress,
+    nak,
+    pub,
+    run_until,
+    stream,
+    term,
+    wait_until,
+)
 
 from js_etl.jetstream import JetStreamSession, PullEnd, ack_subject
 from js_etl.jetstream.errors import ConsumerNotFoundError
@@ -33,7 +44,7 @@ def test_ack_from_another_connection_after_the_puller_closed(js, js2, names, str
         result = puller_session.pull(puller_session.puller(stream, names.consumer), 10)
         replies = [m.reply for m in result.messages]
     assert len(replies) == 4
-    assert js2.ack(replies) == 4
+    assert ack(js2, replies) == 4
     info = settled(js, stream, names.consumer, 0)
     assert (info.ack_floor.consumer_seq, info.ack_floor.stream_seq) == (4, 4)
     assert info.num_pending == 0
@@ -44,7 +55,7 @@ def test_nak_redelivers_at_once(js, js2, names, stream):
     consumer(js, stream, names.consumer)
     puller = js.puller(stream, names.consumer)
     (msg,) = js.pull(puller, 5).messages
-    js2.nak([msg.reply])
+    nak(js2, [msg.reply])
     again = wait_until(lambda: js.pull(puller, 5), lambda r: len(r.messages) == 1)
     meta = again.messages[0].metadata
     assert (meta.stream_seq, meta.num_delivered, meta.consumer_seq) == (1, 2, 2)
@@ -56,7 +67,7 @@ def test_nak_with_delay_redelivers_after_the_delay(js, js2, names, stream):
     puller = js.puller(stream, names.consumer)
     (msg,) = js.pull(puller, 5).messages
     t0 = time.monotonic()
-    js2.nak([msg.reply], delay=1.0)
+    nak(js2, [msg.reply], delay=1.0)
 
     during = js.pull(puller, 5)
     assert during.end is PullEnd.NO_MESSAGES and during.messages == []
@@ -86,14 +97,14 @@ def test_term_is_never_redelivered_and_counts_as_acked(js, js2, names, stream):
 
     js.run(watch())
     t0 = time.monotonic()
-    js2.term([first.reply], reason="bad   payload\nxyz")
+    term(js2, [first.reply], reason="bad   payload\nxyz")
 
     # After ack_wait only the unacked second message comes back.
     time.sleep(max(0.0, 1.3 - (time.monotonic() - t0)))
     redelivered = wait_until(lambda: js.pull(puller, 5), lambda r: len(r.messages) >= 1)
     assert [m.metadata.stream_seq for m in redelivered.messages] == [2]
     assert redelivered.messages[0].metadata.num_delivered == 2
-    js2.ack([m.reply for m in redelivered.messages])
+    ack(js2, [m.reply for m in redelivered.messages])
     info = settled(js, stream, names.consumer, 0)
     assert info.ack_floor.stream_seq == 2  # the termed message counts as acked
 
@@ -111,7 +122,7 @@ def test_in_progress_keeps_a_message_from_redelivery(js, js2, names, stream):
     working, idle = js.pull(puller, 5).messages
 
     def progress_then_pull():
-        js2.run(js2.acker.in_progress([working.reply]))  # confirmed: applied before the pull
+        in_progress(js2, [working.reply])  # confirmed: applied before the pull
         return js.pull(puller, 5)
 
     # Keep reporting progress on one while waiting: only the idle one comes back, at its
@@ -119,7 +130,7 @@ def test_in_progress_keeps_a_message_from_redelivery(js, js2, names, stream):
     got = wait_until(progress_then_pull, lambda r: len(r.messages) >= 1, interval=0.05)
     assert [m.metadata.stream_seq for m in got.messages] == [idle.metadata.stream_seq]
     assert progress_then_pull().messages == []
-    js2.ack([working.reply, got.messages[0].reply])
+    ack(js2, [working.reply, got.messages[0].reply])
     settled(js, stream, names.consumer, 0)
 
 
@@ -127,12 +138,12 @@ def test_ack_confirmed(js, js2, names, stream):
     pub(js, f"{names.prefix}.a", 2)
     consumer(js, stream, names.consumer)
     first, second = js.pull(js.puller(stream, names.consumer), 5).messages
-    assert js2.run(js2.acker.ack_confirmed(first.reply)) is True
+    assert js2.run(ack_confirmed(js2, first.reply)) is True
     # A repeat gets the same answer: the server cannot tell them apart.
-    assert js2.run(js2.acker.ack_confirmed(first.reply)) is True
+    assert js2.run(ack_confirmed(js2, first.reply)) is True
     # A delivery the server never made gets no answer.
     never = ack_subject(first.metadata.ack_prefix, 1, 999, 999)
-    assert js2.run(js2.acker.ack_confirmed(never, timeout=0.3)) is False
+    assert js2.run(ack_confirmed(js2, never, timeout=0.3)) is False
     info = js.consumer_info(stream, names.consumer)
     assert info.num_ack_pending == 1 and info.ack_floor.stream_seq == 1
     assert second.metadata.stream_seq == 2
@@ -144,7 +155,7 @@ def test_ack_confirmed_on_missing_consumer_raises(js, js2, names, stream):
     (msg,) = js.pull(js.puller(stream, names.consumer), 5).messages
     js.run(js.admin.delete_consumer(stream, names.consumer))
     with pytest.raises(ConsumerNotFoundError):
-        js2.run(js2.acker.ack_confirmed(msg.reply, timeout=1.0))
+        js2.run(ack_confirmed(js2, msg.reply, timeout=1.0))
 
 
 def test_ack_on_rebuilt_subject(js, js2, names, stream):
@@ -163,8 +174,8 @@ def test_ack_on_rebuilt_subject(js, js2, names, stream):
         assert len(subject.split(".")) == 9
         rebuilt.append(subject)
     # One confirmed (the server applied it), the rest fire-and-forget.
-    assert js2.run(js2.acker.ack_confirmed(rebuilt[0])) is True
-    assert js2.ack(rebuilt[1:]) == 4
+    assert js2.run(ack_confirmed(js2, rebuilt[0])) is True
+    assert ack(js2, rebuilt[1:]) == 4
     info = settled(js, stream, names.consumer, 0)
     assert info.ack_floor.stream_seq == 5 and info.num_redelivered == 0
     # Truly acked: nothing comes back after ack_wait.
@@ -177,13 +188,13 @@ def test_late_ack_on_rebuilt_subject_of_an_earlier_delivery(js, js2, names, stre
     consumer(js, stream, names.consumer)
     puller = js.puller(stream, names.consumer)
     (first,) = js.pull(puller, 5).messages
-    js2.nak([first.reply])
+    nak(js2, [first.reply])
     second = wait_until(lambda: js.pull(puller, 5), lambda r: len(r.messages) == 1).messages[0]
     assert second.metadata.num_delivered == 2
     # A row written from delivery #1 acks the message now pending as delivery #2.
     meta = first.metadata
     subject = ack_subject(meta.ack_prefix, meta.num_delivered, meta.stream_seq, meta.consumer_seq)
-    assert js2.run(js2.acker.ack_confirmed(subject)) is True
+    assert js2.run(ack_confirmed(js2, subject)) is True
     info = settled(js, stream, names.consumer, 0)
     assert info.ack_floor.stream_seq == 1
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from test_jetstream_support import consumer, pub, stream, wait_until  # noqa: F401
+from test_jetstream_support import ack, consumer, pub, stream, wait_until  # noqa: F401
 
+from js_etl.durable.policy import ensure_drain_consumer
 from js_etl.errors import TerminalError
 from js_etl.jetstream import (
     AckPolicy,
@@ -59,7 +60,7 @@ def test_consumer_info_typed_fields(js, names, stream):
     assert created.priority_groups == ()
 
     result = js.pull(js.puller(stream, names.consumer), 5)
-    js.ack([m.reply for m in result.messages[:2]])
+    ack(js, [m.reply for m in result.messages[:2]])
     info = wait_until(lambda: js.consumer_info(stream, names.consumer),
                       lambda i: i.num_ack_pending == 3)
     assert info.num_pending == 5
@@ -138,20 +139,20 @@ def test_unpin_unknown_group_is_a_priority_group_error(js, names, stream):
 # --- the drain consumer --------------------------------------------------------------------------
 def test_ensure_drain_consumer_creates_when_missing(js, names, stream):
     desired = ConsumerConfig(durable_name=names.consumer, ack_wait=10, max_ack_pending=20_000)
-    info = js.run(js.admin.ensure_drain_consumer(stream, desired, create=True, min_ack_wait=60))
+    info = js.run(ensure_drain_consumer(js.admin, stream, desired, create=True, min_ack_wait=60))
     assert info.name == names.consumer
     assert info.config.ack_wait == 60.0  # raised to what one round needs
     assert info.config.max_ack_pending == 20_000
     assert info.config.ack_policy is AckPolicy.EXPLICIT
     # Existing and fit: returned as is, nothing changed.
-    again = js.run(js.admin.ensure_drain_consumer(stream, desired, create=False, min_ack_wait=60))
+    again = js.run(ensure_drain_consumer(js.admin, stream, desired, create=False, min_ack_wait=60))
     assert again.config == info.config
 
 
 def test_ensure_drain_consumer_refuses_to_create_when_not_allowed(js, names, stream):
     desired = ConsumerConfig(durable_name=names.consumer)
     with pytest.raises(ConsumerNotFoundError) as err:
-        js.run(js.admin.ensure_drain_consumer(stream, desired, create=False, min_ack_wait=60))
+        js.run(ensure_drain_consumer(js.admin, stream, desired, create=False, min_ack_wait=60))
     message = str(err.value)
     assert names.consumer in message and stream in message
     assert "create_consumer: true" in message and "nats consumer add" in message
@@ -164,7 +165,7 @@ def test_ensure_drain_consumer_refuses_wrong_ack_policy(js, names, stream, polic
     consumer(js, stream, names.consumer, ack_policy=policy, ack_wait=120)
     desired = ConsumerConfig(durable_name=names.consumer)
     with pytest.raises(ConsumerConfigError) as err:
-        js.run(js.admin.ensure_drain_consumer(stream, desired, create=True, min_ack_wait=60))
+        js.run(ensure_drain_consumer(js.admin, stream, desired, create=True, min_ack_wait=60))
     assert isinstance(err.value, TerminalError)
     message = str(err.value)
     assert f"ack policy is '{policy.value}'" in message
@@ -175,7 +176,7 @@ def test_ensure_drain_consumer_refuses_short_ack_wait(js, names, stream):
     consumer(js, stream, names.consumer, ack_wait=5)
     desired = ConsumerConfig(durable_name=names.consumer)
     with pytest.raises(ConsumerConfigError) as err:
-        js.run(js.admin.ensure_drain_consumer(stream, desired, create=True, min_ack_wait=60))
+        js.run(ensure_drain_consumer(js.admin, stream, desired, create=True, min_ack_wait=60))
     message = str(err.value)
     assert "ack_wait 5s is shorter than one round needs (60s)" in message
     assert f"nats consumer edit {stream} {names.consumer} --wait 61s -f" in message

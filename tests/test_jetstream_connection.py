@@ -14,7 +14,15 @@ import threading
 import time
 
 import pytest
-from test_jetstream_support import consumer, pub, stream, wait_until  # noqa: F401
+from test_jetstream_support import (  # noqa: F401
+    ack,
+    ack_confirmed,
+    consumer,
+    drained,
+    pub,
+    stream,
+    wait_until,
+)
 
 from js_etl.dev.server import LocalNatsServer
 from js_etl.errors import TerminalError, TransientError
@@ -100,8 +108,8 @@ def test_domain_server_v2_ack_subject_parses_and_acks():
                                    m.metadata.stream_seq, m.metadata.consumer_seq)
                        for m in result.messages]
             assert all(len(s.split(".")) == 11 for s in rebuilt)
-            assert js2.run(js2.acker.ack_confirmed(rebuilt[0])) is True
-            js2.ack(rebuilt[1:])
+            assert js2.run(ack_confirmed(js2, rebuilt[0])) is True
+            ack(js2, rebuilt[1:])
             info = wait_until(lambda: js.consumer_info("D", "c"),
                               lambda i: i.num_ack_pending == 0)
             assert info.ack_floor.stream_seq == 3
@@ -111,7 +119,7 @@ def test_domain_server_v2_ack_subject_parses_and_acks():
 def _session_round(options: ConnectionOptions, stream: str, name: str) -> int:
     with JetStreamSession(options) as js:
         result = js.pull(js.puller(stream, name), 2)
-        js.ack([m.reply for m in result.messages])
+        ack(js, [m.reply for m in result.messages])
         return len(result.messages)
 
 
@@ -150,7 +158,7 @@ def test_facade_in_a_process_that_already_ran_asyncio(js, names, stream, nats_se
         for _ in range(2):
             with JetStreamSession(options) as js:
                 result = js.pull(js.puller({stream!r}, {names.consumer!r}), 2)
-                js.ack([m.reply for m in result.messages])
+                js.run(js.acker.ack([m.reply for m in result.messages]))
                 counts.append(len(result.messages))
         print(counts)
     """)
@@ -215,10 +223,10 @@ def test_pulls_across_a_server_restart():
                 return await task
 
             down = js.run(pull_while_down())
-            assert down.end is PullEnd.DISCONNECTED and not down.end.drained
+            assert down.end is PullEnd.DISCONNECTED and not drained(down.end)
             with pytest.raises(NatsUnavailableError, match="dropped"):
                 down.raise_for_status()
             wait_until(lambda: _reconnected(js, 2), bool, timeout=5)
-            js.ack([m.reply for m in again.messages])
+            ack(js, [m.reply for m in again.messages])
             info = wait_until(lambda: js.consumer_info("R", "c"), lambda i: i.num_ack_pending == 0)
             assert info.ack_floor.stream_seq == 3

@@ -10,7 +10,16 @@ import asyncio
 import time
 
 import pytest
-from test_jetstream_support import consumer, pub, stream, timed_pull, wait_until  # noqa: F401
+from test_jetstream_support import (  # noqa: F401
+    ack,
+    consumer,
+    drained,
+    pub,
+    size,
+    stream,
+    timed_pull,
+    wait_until,
+)
 
 from js_etl.jetstream import JetStreamSession, JsMessage, PullEnd
 from js_etl.jetstream.errors import (
@@ -32,14 +41,14 @@ def probe_costs(js: JetStreamSession, stream: str, probe: str, n: int) -> list[i
     consumer(js, stream, probe)
     result = js.pull(js.puller(stream, probe), n)
     assert len(result.messages) == n
-    return [m.size for m in result.messages]
+    return [size(m) for m in result.messages]
 
 
 # --- §1: no_wait without max_bytes -------------------------------------------------------------
 def test_empty_consumer_answers_404_at_once(js, names, stream):
     consumer(js, stream, names.consumer)
     result, elapsed = timed_pull(js, js.puller(stream, names.consumer), 10, timeout=5)
-    assert result.end is PullEnd.NO_MESSAGES and result.end.drained
+    assert result.end is PullEnd.NO_MESSAGES and drained(result.end)
     assert result.messages == []
     assert result.status is not None and result.status.code == 404
     assert result.status.description == "No Messages"
@@ -99,7 +108,7 @@ def test_max_bytes_runs_out_mid_batch(js, names, stream):
                                  max_bytes=budget, timeout=5)
     assert result.end is PullEnd.BYTES_FULL
     assert len(result.messages) == expected
-    assert result.bytes == sum(m.size for m in result.messages) == sum(costs[:expected])
+    assert result.bytes == sum(size(m) for m in result.messages) == sum(costs[:expected])
     assert result.status is not None and result.status.code == 409
     assert result.status.description == "Message Size Exceeds MaxBytes"
     # The server's own accounting agrees with the client formula, byte for byte.
@@ -132,7 +141,7 @@ def test_budget_consumed_exactly_ends_without_waiting(js, names, stream):
     assert result.end is PullEnd.BYTES_FULL
     assert len(result.messages) == 3
     assert result.status is None  # no terminator: we ended by counting bytes
-    assert result.bytes == exact == sum(m.size for m in result.messages)
+    assert result.bytes == exact == sum(size(m) for m in result.messages)
     assert elapsed < FAST
     # Nothing late from that request leaks into the next pull on the same inbox.
     rest = js.pull(puller, 10, max_bytes=100_000, timeout=5)
@@ -156,13 +165,13 @@ def test_oversize_message_at_the_head_is_fetched_alone(js, names, stream):
     assert [(m.metadata.stream_seq, len(m.data)) for m in result.messages] == [(1, 2000)]
     assert result.status is not None and result.status.code == 409
     assert elapsed < FAST
-    js.ack([m.reply for m in result.messages])
+    ack(js, [m.reply for m in result.messages])
 
     # The consumer is not stuck: the messages behind it come with the next pull.
     rest = js.pull(puller, 10, max_bytes=1000, timeout=5)
     assert rest.end is PullEnd.NO_MESSAGES
     assert [m.metadata.stream_seq for m in rest.messages] == [2, 3, 4]
-    js.ack([m.reply for m in rest.messages])
+    ack(js, [m.reply for m in rest.messages])
     info = wait_until(lambda: js.consumer_info(stream, names.consumer),
                       lambda i: i.num_ack_pending == 0)
     assert info.num_pending == 0 and info.ack_floor.stream_seq == 4
@@ -333,8 +342,8 @@ def test_repeated_header_keeps_every_value_in_order(js, names, stream):
     assert msg.data == payload
     assert msg.raw_headers == header  # stored and delivered byte for byte
     assert msg.headers == {"X-Tag": ["first", "second", "third"], "X-Other": ["1"]}
-    assert msg.size == len(subject) + len(msg.reply) + len(header) + len(payload)
-    assert result.bytes == msg.size
+    assert size(msg) == len(subject) + len(msg.reply) + len(header) + len(payload)
+    assert result.bytes == size(msg)
 
 
 def test_message_size_with_headers_matches_server_accounting(js, names, stream):

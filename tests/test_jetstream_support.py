@@ -9,12 +9,23 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
+import nats.errors
 import pytest
 
-from js_etl.jetstream import ConsumerConfig, ConsumerInfo, JetStreamSession, Puller, PullResult
+from js_etl.jetstream import (
+    ConsumerConfig,
+    ConsumerInfo,
+    JetStreamSession,
+    JsMessage,
+    PullEnd,
+    Puller,
+    PullResult,
+)
+from js_etl.jetstream.ack import ACK, AckBlock, nak_body, term_body
+from js_etl.jetstream.errors import ConsumerNotFoundError
 
 T = TypeVar("T")
 
@@ -42,6 +53,54 @@ def consumer(session: JetStreamSession, stream: str, name: str, **config: Any) -
     """Create a durable pull consumer (explicit ack unless told otherwise)."""
     return session.run(session.admin.create_consumer(
         stream, ConsumerConfig(durable_name=name, **config)))
+
+
+# --- acks and message facts the product does not need itself -----------------------------------
+IN_PROGRESS = b"+WPI"
+
+
+def ack(session: JetStreamSession, replies: Iterable[str]) -> int:
+    """``+ACK`` each reply subject, in one block confirmed applied."""
+    return session.run(session.acker.ack(replies))
+
+
+def nak(session: JetStreamSession, replies: Iterable[str], delay: float | None = None) -> int:
+    return session.run(session.acker.send(AckBlock.of(replies, nak_body(delay))))
+
+
+def term(session: JetStreamSession, replies: Iterable[str], reason: str | None = None) -> int:
+    return session.run(session.acker.send(AckBlock.of(replies, term_body(reason))))
+
+
+def in_progress(session: JetStreamSession, replies: Iterable[str]) -> int:
+    return session.run(session.acker.send(AckBlock.of(replies, IN_PROGRESS)))
+
+
+async def ack_confirmed(session: JetStreamSession, reply: str, timeout: float = 2.0) -> bool:
+    """A "double ack" of one delivery: True once the server applied it.
+
+    The answer is the same for a first ack and a repeat, so this cannot tell them apart
+    (measured). False means no answer: the subject names a delivery the server never made.
+    """
+    try:
+        msg = await session.conn.nc.request(reply, ACK, timeout=timeout)
+    except nats.errors.NoRespondersError as e:
+        raise ConsumerNotFoundError(f"no consumer for ack subject {reply}", code=503) from e
+    except nats.errors.TimeoutError:
+        return False
+    # nats-py turns the 503 answer for a missing consumer into NoRespondersError above.
+    return msg.data == b""
+
+
+def size(message: JsMessage) -> int:
+    """What a message costs against a pull's ``max_bytes`` (measured formula)."""
+    return (len(message.subject.encode()) + len(message.reply.encode())
+            + len(message.raw_headers or b"") + len(message.data))
+
+
+def drained(end: PullEnd) -> bool:
+    """The consumer had nothing more for this request."""
+    return end is PullEnd.NO_MESSAGES
 
 
 def timed_pull(session: JetStreamSession, puller: Puller, batch: int,

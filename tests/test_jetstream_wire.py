@@ -11,8 +11,10 @@ import pickle
 from datetime import UTC, datetime
 
 import pytest
+from test_jetstream_support import drained, size
 
 from js_etl.errors import ConfigError, TerminalError, TransientError
+from js_etl.instant import format_time, parse_time
 from js_etl.jetstream import (
     AckMetadata,
     AckPolicy,
@@ -34,7 +36,6 @@ from js_etl.jetstream import (
     parse_headers,
 )
 from js_etl.jetstream.ack import nak_body, term_body
-from js_etl.jetstream.api import format_time, parse_time
 from js_etl.jetstream.errors import (
     BadRequestError,
     ClusterUnavailableError,
@@ -141,10 +142,10 @@ def test_message_size_is_the_server_formula():
     # facts §2: subject p2.x, reply with 19-digit ts, 100 B payload -> 147; 33-B header -> 180.
     reply = "$JS.ACK.P2.c11.1.1.1.1795328815752052740.19"
     plain = JsMessage("p2.x", b"x" * 100, reply)
-    assert plain.size == 147
+    assert size(plain) == 147
     header = b"NATS/1.0\r\nX-Probe: 0123456789\r\n\r\n"
     assert len(header) == 33
-    assert JsMessage("p2.x", b"x" * 100, reply, header).size == 180
+    assert size(JsMessage("p2.x", b"x" * 100, reply, header)) == 180
     assert JsMessage("p2.x", b"x" * 100, reply, header).headers == {"X-Probe": ["0123456789"]}
     assert plain.metadata.num_pending == 19
 
@@ -196,7 +197,7 @@ def test_raise_for_status_only_for_ends_that_need_a_decision():
                    Status.parse(b"NATS/1.0 423 Nats-Pin-Id mismatch\r\n\r\n")).raise_for_status()
     with pytest.raises(NatsUnavailableError):
         PullResult([], PullEnd.DISCONNECTED).raise_for_status()
-    assert PullEnd.NO_MESSAGES.drained and not PullEnd.DEADLINE.drained
+    assert drained(PullEnd.NO_MESSAGES) and not drained(PullEnd.DEADLINE)
     assert issubclass(PinMismatchError, TransientError)
     assert issubclass(ConsumerDeletedError, TerminalError)
 

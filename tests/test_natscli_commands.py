@@ -22,6 +22,7 @@ import pytest
 
 from js_etl.config import load_config
 from js_etl.dev.server import LocalNatsServer
+from js_etl.durable.policy import ensure_drain_consumer
 from js_etl.jetstream import AckPolicy, ConsumerConfig, JetStreamSession, PriorityPolicy
 from js_etl.jetstream.errors import (
     ConsumerConfigError,
@@ -82,14 +83,14 @@ def run_printed(message: str, nats_cli: str, server: LocalNatsServer, cwd: Path)
 
 
 def desired(name: str, **config: Any) -> ConsumerConfig:
-    """The consumer a drain with default settings asks for (as Drain._desired_consumer)."""
+    """The consumer a drain with default settings asks for (as js_etl.durable.policy.desired_consumer)."""
     return ConsumerConfig(durable_name=name, ack_wait=config.pop("ack_wait", 300.0),
                           max_ack_pending=config.pop("max_ack_pending", 100_000), **config)
 
 
 def ensure(js: JetStreamSession, stream: str, config: ConsumerConfig) -> Any:
-    return js.run(js.admin.ensure_drain_consumer(stream, config, create=False,
-                                                 min_ack_wait=MIN_ACK_WAIT))
+    return js.run(ensure_drain_consumer(js.admin, stream, config, create=False,
+                                        min_ack_wait=MIN_ACK_WAIT))
 
 
 # --- fixes js-etl prints -------------------------------------------------------------------------
@@ -158,9 +159,11 @@ def backfill_config(server: LocalNatsServer, stream: str, tmp_path: Path) -> Any
 
 
 def test_backfill_and_rewind_printed_commands_run(js, server, nats_cli, tmp_path):
+    from js_etl.durable.rewind import plan_rewind, rewind_consumer
+    from js_etl.errors import RangeError, RewindUnsupportedError
     from js_etl.jetstream.errors import BadRequestError
     from js_etl.spark import backfill
-    from js_etl.spark.backfill import Backfill, RangeError, RangeRequest, plan_rewind
+    from js_etl.spark.backfill import Backfill, RangeRequest
 
     fresh_stream(js, "BACK")
     for i in range(10):
@@ -185,8 +188,8 @@ def test_backfill_and_rewind_printed_commands_run(js, server, nats_cli, tmp_path
                               code=400)
 
     js.admin.reset_consumer = no_reset  # type: ignore[method-assign]
-    with pytest.raises(backfill.RewindUnsupportedError) as err:
-        backfill.rewind_consumer(js, config, plan)
+    with pytest.raises(RewindUnsupportedError) as err:
+        rewind_consumer(js, config, plan)
     run_printed(str(err.value), nats_cli, server, tmp_path)
     info = js.consumer_info("BACK", "etl")
     assert (info.config.opt_start_seq, info.num_pending) == (3, 8)

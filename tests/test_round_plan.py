@@ -6,7 +6,7 @@ from typing import Any
 
 from js_etl.config import load_config
 from js_etl.jetstream import ConsumerInfo
-from js_etl.spark.drain import RoundSize, plan_round
+from js_etl.spark.rounds import RoundSize, plan_round
 
 MiB = 1 << 20
 INF = float("inf")

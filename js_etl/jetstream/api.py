@@ -3,38 +3,21 @@
 One dataclass per wire object, with ``from_response`` (unknown keys ignored, so newer servers
 do not break us) and ``as_dict`` (``None`` dropped). Units are converted here and only here:
 durations are ``float`` seconds in Python and nanoseconds on the wire; times are aware UTC
-``datetime`` in Python and RFC 3339 on the wire. nats-py's own ``ConsumerConfig`` cannot carry
-priority groups (measured: ``TypeError``), which is why these exist.
+``datetime`` in Python and RFC 3339 on the wire (the codec: :mod:`js_etl.instant`). nats-py's
+own ``ConsumerConfig`` cannot carry priority groups (measured: ``TypeError``), which is why these
+exist.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, fields
-from datetime import UTC, datetime
+from datetime import datetime
 from enum import StrEnum
 from typing import Any, Self
 
+from js_etl.instant import format_time, parse_time
+
 _NS = 1_000_000_000
-_ZERO_TIME = "0001-01-01T00:00:00Z"
-_RFC3339 = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$")
-
-
-def parse_time(value: str | None) -> datetime | None:
-    """RFC 3339 with up to nanoseconds -> aware UTC datetime (microseconds); zero time -> None."""
-    if not value or value == _ZERO_TIME:
-        return None
-    m = _RFC3339.match(value)
-    if not m:
-        raise ValueError(f"not an RFC 3339 time: {value!r}")
-    base, frac, tz = m.groups()
-    micros = (frac or "0")[:6].ljust(6, "0")
-    parsed = datetime.fromisoformat(f"{base}.{micros}{'+00:00' if tz == 'Z' else tz}")
-    return parsed.astimezone(UTC)
-
-
-def format_time(value: datetime) -> str:
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _seconds(ns: int | None) -> float | None:
@@ -42,7 +25,7 @@ def _seconds(ns: int | None) -> float | None:
 
 
 def _nanos(seconds: float | None) -> int | None:
-    return None if seconds is None else int(round(seconds * _NS))
+    return None if seconds is None else round(seconds * _NS)
 
 
 class AckPolicy(StrEnum):
@@ -158,6 +141,7 @@ class ConsumerConfig:
     priority_policy: PriorityPolicy | None = None
     priority_timeout: float | None = None
     deliver_subject: str | None = None  # set only on push consumers; a drain refuses them
+    headers_only: bool | None = None  # deliver headers without payloads
     mem_storage: bool | None = None
     num_replicas: int | None = None
     metadata: dict[str, str] = field(default_factory=dict)

@@ -206,7 +206,6 @@ class JetStreamConnection:
     def __init__(self, nc: _RawClient, options: ConnectionOptions) -> None:
         self.nc = nc
         self.options = options
-        self.last_error: BaseException | None = None
 
     @classmethod
     async def open(cls, options: ConnectionOptions) -> JetStreamConnection:
@@ -225,13 +224,10 @@ class JetStreamConnection:
         except Exception as e:  # nats-py raises several unrelated types here
             _abandon(nc)
             raise _connect_error(e, errors, options) from e
-        conn = cls(nc, options)
-
-        async def keep_last(e: BaseException) -> None:
-            conn.last_error = e
-
-        nc._error_cb = keep_last
-        return conn
+        # Errors after the connect reach the calls they break (pulls, requests, acks); the
+        # connect's own collector would only grow for the connection's lifetime.
+        nc._error_cb = _ignore_error
+        return cls(nc, options)
 
     @property
     def reconnects(self) -> int:
@@ -263,6 +259,10 @@ class JetStreamConnection:
         if "error" in data:
             raise api_error(data["error"])
         return data
+
+
+async def _ignore_error(error: BaseException) -> None:
+    """nats-py's error callback after the connect (see :meth:`JetStreamConnection.open`)."""
 
 
 def _abandon(nc: _RawClient) -> None:

@@ -6,7 +6,7 @@ caller decides to retry with ``isinstance(err, TransientError)``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Self
 
 from js_etl.errors import JsEtlError, TerminalError, TransientError
 
@@ -20,6 +20,11 @@ class JetStreamError(JsEtlError):
         self.err_code = err_code
         detail = f" (code {code}" + (f", err_code {err_code})" if err_code else ")") if code else ""
         super().__init__(f"{description}{detail}")
+
+    def with_hint(self, hint: str) -> Self:
+        """The same error (type, codes), its description followed by ``; <hint>``: how the
+        caller's own settings fix it, which this layer does not know."""
+        return type(self)(f"{self.description}; {hint}", code=self.code, err_code=self.err_code)
 
 
 # --- connection level -------------------------------------------------------------------------

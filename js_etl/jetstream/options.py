@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import ssl
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from js_etl.errors import ConfigError
@@ -141,7 +141,6 @@ class ConnectionOptions:
     password: Secret | None = None
     tls: TlsOptions | None = None
     domain: str | None = None  # JetStream domain: API prefix $JS.<domain>.API
-    extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def requires_tls(self) -> bool:
@@ -189,5 +188,4 @@ class ConnectionOptions:
             kw["password"] = self.password.reveal() if self.password else None
         if self.tls:
             kw["tls"] = self.tls.context()
-        kw.update(self.extra)
         return kw

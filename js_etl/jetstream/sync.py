@@ -8,7 +8,7 @@ lifetime. A session is created inside the partition function; only picklable
 >>> with JetStreamSession(options) as js:
 ...     puller = js.puller("ORDERS", "orders_to_delta")
 ...     result = js.pull(puller, 1000, max_bytes=8 << 20)
-...     js.ack([m.reply for m in result.messages])
+...     js.run(js.acker.ack([m.reply for m in result.messages]))
 """
 
 from __future__ import annotations
@@ -68,15 +68,6 @@ class JetStreamSession:
             task.cancel()
         if pending:
             self.run(asyncio.wait(pending))
-
-    def ack(self, replies: Iterable[str]) -> int:
-        return self.run(self.acker.ack(replies))
-
-    def nak(self, replies: Iterable[str], delay: float | None = None) -> int:
-        return self.run(self.acker.nak(replies, delay))
-
-    def term(self, replies: Iterable[str], reason: str | None = None) -> int:
-        return self.run(self.acker.term(replies, reason))
 
     def close(self) -> None:
         if self._loop.is_closed():

@@ -1,5 +1,9 @@
-"""Backfills: re-read a range of the stream into Delta through ephemeral consumers — and the
-explicit ``rewind`` of the durable consumer, the one way to move a drain's position.
+"""Backfills: re-read a range of the stream into Delta through ephemeral consumers. The
+explicit ``rewind`` of the durable consumer, the one way to move a drain's position, is
+:mod:`js_etl.durable.rewind`.
+
+This module plans and orchestrates; the executors' range reader is
+:mod:`js_etl.spark.read_range`, the MERGE is :func:`js_etl.spark.delta.merge_new_rows`.
 
 A backfill never touches the durable consumer. It plans on the driver (NATS only, so a bad range
 fails in a second, before Spark starts), then reads on executors and writes once:
@@ -57,103 +61,38 @@ never with the drain's job id, so a drain's fence never mistakes backfilled rows
 from __future__ import annotations
 
 import logging
-import re
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta, timezone
+from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
-
 from js_etl.config import JobConfig
-from js_etl.errors import ConfigError, TerminalError, TransientError
+from js_etl.durable.policy import consumer_add_command_at, source_stream_info
+from js_etl.errors import PurgedRangeError, RangeError
+from js_etl.instant import format_instant, parse_instant
 from js_etl.jetstream import (
-    AckPolicy,
     ConnectionOptions,
-    ConsumerConfig,
     ConsumerInfo,
-    DeliverPolicy,
     JetStreamSession,
-    PullEnd,
     StreamInfo,
+    ack_prefix,
 )
 from js_etl.jetstream.admin import first_message_at_or_after
-from js_etl.jetstream.errors import (
-    BadRequestError,
-    ConsumerNotFoundError,
-    JetStreamError,
-    NatsUnavailableError,
-    StreamNotFoundError,
-)
+from js_etl.jetstream.errors import ConsumerNotFoundError
 from js_etl.report import RunReport
 from js_etl.spark.decode import Decoder, with_partition_columns
-from js_etl.spark.delta import CommitTag, DeltaTarget
-from js_etl.spark.fetch import RAW_DDL, to_record_batch
+from js_etl.spark.delta import CommitTag, DeltaTarget, job_tables, merge_new_rows, same_table
+from js_etl.spark.fetch import RAW_DDL
+from js_etl.spark.read_range import RangeFetchPlan, fetch_range_partition
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger("js_etl.backfill")
 
-MERGE_ATTEMPTS = 5  # a MERGE that loses to concurrent commits this often fails transiently
 MIN_INACTIVE_THRESHOLD = 30.0  # seconds an abandoned ephemeral consumer outlives its task
-_NS = 1_000_000_000
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-# --- errors -------------------------------------------------------------------------------------
-class RangeError(ConfigError):
-    """The requested range is empty, inverted, beyond the stream, or has no messages."""
-
-
-class PurgedRangeError(TerminalError):
-    """The range starts before the first message the stream still stores (purged or expired)."""
-
-
-class ConfirmationRequiredError(ConfigError):
-    """A destructive admin command was not confirmed (no ``--yes`` and no terminal to ask on)."""
-
-
-class RewindUnsupportedError(TerminalError):
-    """The server cannot reset a consumer; the message carries the delete-and-recreate commands."""
-
-
-# --- times --------------------------------------------------------------------------------------
-_TIME = re.compile(r"(\d{4})-(\d\d)-(\d\d)(?:[Tt ](\d\d):(\d\d)(?::(\d\d)(?:[.,](\d{1,9}))?)?)?"
-                   r"\s*(Z|z|UTC|[+-]\d\d(?::?\d\d)?)?")
-
-
-def parse_instant(text: str, what: str = "time") -> int:
-    """RFC 3339 / ISO 8601 (date only, minutes, seconds, up to 9 fractional digits; ``Z``, an
-    offset, or no zone = UTC) -> nanoseconds since the epoch, exactly."""
-    m = _TIME.fullmatch(text.strip())
-    if not m:
-        raise ConfigError(f"{what} {text!r} is not an RFC 3339 / ISO 8601 time, e.g. "
-                          "2026-11-01T00:00:00Z (no zone means UTC)")
-    year, month, day, hour, minute, second, frac, zone = m.groups()
-    tz: timezone = UTC
-    if zone and zone not in ("Z", "z", "UTC"):
-        digits = zone[1:].replace(":", "")
-        offset = timedelta(hours=int(digits[:2]), minutes=int(digits[2:] or 0))
-        tz = timezone(-offset if zone[0] == "-" else offset)
-    try:
-        moment = datetime(int(year), int(month), int(day), int(hour or 0), int(minute or 0),
-                          int(second or 0), tzinfo=tz)
-    except ValueError as e:
-        raise ConfigError(f"{what} {text!r} is not a valid time: {e}") from None
-    seconds = (moment - _EPOCH) // timedelta(seconds=1)
-    return seconds * _NS + int((frac or "0").ljust(9, "0"))
-
-
-def format_instant(ns: int) -> str:
-    """Nanoseconds since the epoch -> RFC 3339 UTC with nanoseconds (what the server parses)."""
-    seconds, rest = divmod(ns, _NS)
-    return f"{(_EPOCH + timedelta(seconds=seconds)):%Y-%m-%dT%H:%M:%S}.{rest:09d}Z"
 
 
 # --- the request and its resolution -------------------------------------------------------------
@@ -218,7 +157,7 @@ def resolve_range(js: JetStreamSession, config: JobConfig, request: RangeRequest
     """Turn the request into ``[lo, hi]``, with one clear error per impossible range."""
     source = config.source
     name = source.stream
-    stream = stream_info(js, name)
+    stream = source_stream_info(js, name)
     first, last = stream.state.first_seq, stream.state.last_seq
     if last == 0:
         raise RangeError(f"stream {name} is empty: nothing to backfill")
@@ -295,22 +234,13 @@ def _ahead_of_drain(config: JobConfig, lo: int, hi: int, durable: ConsumerInfo |
         return (f"consumer {s.consumer} does not exist yet, and its first drain into {where} "
                 f"would start at the stream's beginning and write seqs {lo}..{hi} a second time: "
                 f"create it to start after the range first (`"
-                f"{consumer_add_command(s.stream, s.consumer, hi + 1, None, config)}`), then "
+                f"{consumer_add_command_at(s.stream, s.consumer, hi + 1, None, config)}`), then "
                 "backfill; or backfill into another table (--set target.path=...)")
     floor = durable.ack_floor.stream_seq
     return (f"seqs {lo}..{hi} are above the ack floor ({floor}) of consumer {s.consumer}, which "
             f"drains into {where} and will write them itself; backfilling them too would "
             f"duplicate them. Backfill into another table (--set target.path=...), or move the "
             f"consumer past the range first (js-etl rewind --to-seq {hi + 1})")
-
-
-def stream_info(js: JetStreamSession, stream: str) -> StreamInfo:
-    try:
-        return js.stream_info(stream)
-    except StreamNotFoundError as e:
-        raise StreamNotFoundError(f"stream {stream!r} not found: check source.stream "
-                                  f"(server said: {e.description})", code=e.code,
-                                  err_code=e.err_code) from None
 
 
 def _consumer_or_none(js: JetStreamSession, stream: str, consumer: str) -> ConsumerInfo | None:
@@ -330,81 +260,6 @@ def split_range(lo: int, hi: int, parts: int) -> list[tuple[int, int]]:
     parts = max(1, min(parts, count))
     cuts = [lo + count * i // parts for i in range(parts + 1)]
     return [(cuts[i], cuts[i + 1] - 1) for i in range(parts)]
-
-
-# --- the fetch on executors ---------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class RangeFetchPlan:
-    """What every partition of a backfill does. Picklable: it travels to the executors."""
-
-    options: ConnectionOptions
-    stream: str
-    name_prefix: str  # ephemeral consumer names: <prefix>_<partition>_<attempt nonce>
-    bounds: tuple[tuple[int, int], ...]  # partition i reads bounds[i], inclusive
-    filter_subjects: tuple[str, ...]
-    batch: int
-    max_bytes: int
-    pull_timeout: float
-    inactive_threshold: float
-
-
-def fetch_range_partition(plan: RangeFetchPlan, batches: Iterator[pa.RecordBatch]
-                          ) -> Iterator[pa.RecordBatch]:
-    """``mapInArrow`` body. The input is one row per partition: its index."""
-    for index in [i for batch in batches for i in batch.column(0).to_pylist()]:
-        yield from read_range(plan, index)
-
-
-def read_range(plan: RangeFetchPlan, index: int) -> Iterator[pa.RecordBatch]:
-    """Every message of sub-range ``index`` (that matches the filter), in order, exactly once.
-
-    The consumer's name is unique to this attempt: creating a consumer under an existing name
-    with the same config answers the *existing* consumer, already advanced (measured), so a
-    retried task reusing the name would skip what its failed attempt read.
-    """
-    lo, hi = plan.bounds[index]
-    name = f"{plan.name_prefix}_{index}_{uuid.uuid4().hex[:8]}"
-    ack_prefix = f"$JS.ACK.{plan.stream}.{name}"
-    with JetStreamSession(plan.options) as js:
-        js.run(js.admin.create_consumer(plan.stream, ConsumerConfig(
-            name=name, description="js-etl backfill (ephemeral)",
-            deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=lo,
-            ack_policy=AckPolicy.NONE, inactive_threshold=plan.inactive_threshold,
-            filter_subjects=plan.filter_subjects, mem_storage=True, num_replicas=1)))
-        puller = js.puller(plan.stream, name)
-        try:
-            next_seq = lo
-            while next_seq <= hi:
-                # Never ask for more than the sequences left in the range: without a filter
-                # nothing beyond `hi` is ever delivered.
-                result = js.pull(puller, min(plan.batch, hi - next_seq + 1),
-                                 max_bytes=plan.max_bytes, timeout=plan.pull_timeout)
-                if result.messages:
-                    batch = to_record_batch(result.messages, ack_prefix)
-                    last = batch.column("seq")[-1].as_py()
-                    if last > hi:  # filtered consumers skip ahead: drop what lies beyond hi
-                        batch = batch.filter(pc.less_equal(batch.column("seq"), hi))
-                    if batch.num_rows:
-                        yield batch
-                    next_seq = last + 1
-                    if result.messages[-1].reply.endswith(".0"):
-                        break  # pending token 0: the consumer has nothing more at all
-                if result.end is PullEnd.NO_MESSAGES:
-                    break
-                if result.end not in (PullEnd.BATCH_FULL, PullEnd.BYTES_FULL, PullEnd.OVERSIZE) \
-                        or not result.messages:
-                    # Never end a partition short without saying so: fail the task, and the
-                    # retry (a new consumer) reads the same sub-range again.
-                    result.raise_for_status()
-                    raise NatsUnavailableError(
-                        f"backfill pull on {plan.stream}/{name} ended with {result.end.value} "
-                        f"({result.status or 'no status'}) before seq {hi}; the task is retried")
-        finally:
-            js.run(puller.close())
-            try:
-                js.run(js.admin.delete_consumer(plan.stream, name))
-            except JetStreamError:
-                pass  # inactive_threshold removes it anyway
 
 
 # --- the report ---------------------------------------------------------------------------------
@@ -443,9 +298,7 @@ class Backfill:
         self.request = request
         self.options = options or config.nats.connection_options()
         self.source = config.source
-        self.target = DeltaTarget(config.target.path, config.target.table)
-        self.dead_letters = DeltaTarget(config.target.resolved_dead_letter_path,
-                                        config.target.resolved_dead_letter_table)
+        self.target, self.dead_letters = job_tables(config)
         self.drain_target = self.target if drain_target is SAME_AS_TARGET else drain_target
         self.run_id = run_id or uuid.uuid4().hex[:12]
         self.job = f"js-etl-backfill:{self.source.stream}:{self.source.consumer}"
@@ -567,69 +420,24 @@ class Backfill:
         found in the recent history). Retries on a commit conflict: the
         retry re-reads the table, so rows a concurrent writer added meanwhile are skipped.
         """
-        from delta.exceptions import (
-            ConcurrentAppendException,
-            ConcurrentDeleteReadException,
-            ConcurrentTransactionException,
-            ConcurrentWriteException,
-            DeltaConcurrentModificationException,
-            MetadataChangedException,
-            ProtocolChangedException,
-        )
+        tag = CommitTag(self.job, self.run_id, 0, ack_prefix(self.source.stream,
+                                                            self.name_prefix), plan.lo, plan.hi)
 
-        conflicts = (ConcurrentAppendException, ConcurrentDeleteReadException,
-                     ConcurrentTransactionException, ConcurrentWriteException,
-                     DeltaConcurrentModificationException, MetadataChangedException,
-                     ProtocolChangedException)
-        tag = CommitTag(self.job, self.run_id, 0, f"$JS.ACK.{self.source.stream}."
-                        f"{self.name_prefix}", plan.lo, plan.hi)
-        for attempt in range(1, MERGE_ATTEMPTS + 1):
+        def count_attempt() -> None:
             self.report.merge_attempts += 1
-            try:
-                with _user_metadata(spark, tag.to_json()):
-                    if not table.exists(spark):
-                        _create_empty(table, source, partition_by)
-                    merge = (table.delta_table(spark).alias("t")
-                             .merge(source.alias("s"), _merge_condition(self.source.stream, plan))
-                             .whenNotMatchedInsertAll())
-                    if merge_schema:
-                        merge = merge.withSchemaEvolution()
-                    metrics = merge.execute().first()
-                break
-            except conflicts as e:
-                if attempt == MERGE_ATTEMPTS:
-                    raise TransientError(
-                        f"{table} kept changing under the backfill's MERGE ({attempt} attempts, "
-                        f"last: {type(e).__name__}); nothing was duplicated — retry when the "
-                        "drain is idle") from None
-                log.warning("backfill %s: MERGE into %s lost to a concurrent commit (%s); "
-                            "retrying", self.run_id, table, type(e).__name__)
-                time.sleep(min(0.5 * 2 ** attempt, 8.0))
-        inserted = int(metrics["num_inserted_rows"]) if metrics is not None else 0
-        version, source_rows = self._our_commit(spark, table)
-        if version is not None:
+
+        merged = merge_new_rows(spark, table, source, tag, stream=self.source.stream,
+                                lo=plan.lo, hi=plan.hi, partition_by=partition_by,
+                                merge_schema=merge_schema, on_attempt=count_attempt)
+        if merged.version is not None:
             versions = (self.report.dead_letter_versions if table is self.dead_letters
                         else self.report.delta_versions)
-            versions.append(version)
-        return inserted, source_rows
-
-    def _our_commit(self, spark: SparkSession, table: DeltaTarget
-                    ) -> tuple[int | None, int | None]:
-        """(version, MERGE source row count) of this run's MERGE into ``table``."""
-        rows = (table.delta_table(spark).history(50)
-                .select("version", "operation", "userMetadata", "operationMetrics").collect())
-        for row in rows:
-            tag = CommitTag.from_json(row["userMetadata"])
-            ours = tag is not None and (tag.job, tag.run) == (self.job, self.run_id)
-            if ours and row["operation"] == "MERGE":
-                metrics = row["operationMetrics"] or {}
-                source = metrics.get("numSourceRows")
-                return int(row["version"]), None if source is None else int(source)
-        return None, None
+            versions.append(merged.version)
+        return merged.inserted, merged.source_rows
 
     def _check_start_still_stored(self, plan: BackfillPlan, *, before_write: bool) -> None:
         with JetStreamSession(self.options) as js:
-            first = stream_info(js, self.source.stream).state.first_seq
+            first = source_stream_info(js, self.source.stream).state.first_seq
         if first <= plan.lo:
             return
         text = (f"stream {self.source.stream} was purged or expired past seq {plan.lo} during the "
@@ -638,57 +446,6 @@ class Backfill:
             raise PurgedRangeError(f"{text}: nothing written; backfill from --from-seq {first}")
         self.report.notes.append(f"{text}: seqs {plan.lo}..{first - 1} may be missing")
         log.warning("backfill %s: %s", self.run_id, self.report.notes[-1])
-
-def _merge_condition(stream: str, plan: BackfillPlan) -> Column:
-    from pyspark.sql import functions as F
-
-    # The target-only terms let Delta skip files outside the range (seq min/max statistics).
-    return ((F.col("t.stream") == F.col("s.stream")) & (F.col("t.seq") == F.col("s.seq"))
-            & (F.col("t.stream") == F.lit(stream)) & F.col("t.seq").between(plan.lo, plan.hi))
-
-
-def _create_empty(table: DeltaTarget, source: DataFrame, partition_by: list[str]) -> None:
-    """Create a missing table with the source's schema (``limit(0)``: nothing is computed), so
-    that even the first backfill writes through MERGE."""
-    writer = source.limit(0).write.format("delta").mode("append")
-    if partition_by:
-        writer = writer.partitionBy(*partition_by)
-    if table.table:
-        writer.saveAsTable(table.table)
-    else:
-        writer.save(table.path)
-
-
-@contextmanager
-def _user_metadata(spark: SparkSession, text: str) -> Iterator[None]:
-    """Tag commits made through SQL/MERGE (no writer options there) via the session conf."""
-    key = "spark.databricks.delta.commitInfo.userMetadata"
-    previous = spark.conf.get(key, None)
-    spark.conf.set(key, text)
-    try:
-        yield
-    finally:
-        if previous is None:
-            spark.conf.unset(key)
-        else:
-            spark.conf.set(key, previous)
-
-
-def same_table(a: DeltaTarget | None, b: DeltaTarget | None) -> bool:
-    if a is None or b is None:
-        return False
-    if a.table or b.table:
-        return bool(a.table and b.table and a.table.lower() == b.table.lower())
-    return _norm_path(a.path) == _norm_path(b.path)
-
-
-def _norm_path(path: str | None) -> str:
-    import os
-
-    text = (path or "").rstrip("/")
-    if text.startswith("file:"):
-        text = "/" + text.removeprefix("file:").lstrip("/")
-    return text if "://" in text else os.path.abspath(text)
 
 
 def run_backfill(spark: SparkSession, config: JobConfig, request: RangeRequest, *,
@@ -702,121 +459,3 @@ def run_backfill(spark: SparkSession, config: JobConfig, request: RangeRequest, 
     """
     return Backfill(config, request, options=options, drain_target=drain_target,
                     run_id=run_id).run(spark)
-
-
-# --- rewind -------------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class RewindPlan:
-    stream: StreamInfo
-    consumer: ConsumerInfo
-    to_seq: int
-    target: str  # the drain's table, for the warning
-    target_sql: str  # ... as SQL names it
-
-    def describe(self) -> str:
-        s, c, n = self.stream, self.consumer, self.to_seq
-        delivered, floor = c.delivered.stream_seq, c.ack_floor.stream_seq
-        lines = [
-            f"consumer {s.name}/{c.name}  (the stream holds seqs {s.state.first_seq}.."
-            f"{s.state.last_seq})",
-            f"  now:   delivered up to seq {delivered}, ack floor {floor}, "
-            f"{c.num_pending} pending",
-            f"  after: the next delivery is seq {n} (or the first one after it that matches "
-            "the consumer's filter)",
-        ]
-        if n <= delivered:
-            lines.append(f"  seqs {n}..{delivered} will be delivered again")
-            if n <= floor:
-                lines.append(
-                    f"  seqs {n}..{floor} are already in {self.target}: the drain acks them "
-                    "without writing them again (it checks each round against the table). To "
-                    f"load them anew, delete them first (DELETE FROM {self.target_sql} WHERE "
-                    f"stream = '{s.name}' AND seq >= {n}).")
-        elif n > delivered + 1:
-            lines.append(f"  seqs {delivered + 1}..{n - 1} will be skipped (never delivered to "
-                         "this consumer, so never drained)")
-        else:
-            lines.append("  this is the consumer's current position: nothing changes")
-        return "\n".join(lines)
-
-
-def plan_rewind(js: JetStreamSession, config: JobConfig, to_seq: int) -> RewindPlan:
-    """Check that the durable consumer can be moved to ``to_seq`` now (NATS only)."""
-    from js_etl.errors import RunRefusedError
-
-    s = config.source
-    stream = stream_info(js, s.stream)
-    first, last = stream.state.first_seq, stream.state.last_seq
-    try:
-        info = js.consumer_info(s.stream, s.consumer)
-    except ConsumerNotFoundError:
-        raise ConsumerNotFoundError(
-            f"consumer {s.consumer!r} not found on stream {s.stream!r}: nothing to rewind; to "
-            f"create it starting at seq {to_seq}: "
-            f"`{consumer_add_command(s.stream, s.consumer, to_seq, None, config)}`",
-            code=404, err_code=10014) from None
-    if to_seq < 1:
-        raise RangeError(f"--to-seq must be a stream sequence (1 or more), got {to_seq}")
-    if to_seq > last + 1:
-        raise RangeError(f"stream {s.stream} ends at seq {last}: --to-seq can be at most "
-                         f"{last + 1} (= deliver only messages published from now on)")
-    if to_seq < first:
-        raise PurgedRangeError(f"seq {to_seq} is no longer in stream {s.stream} (purged or "
-                               f"expired): the first available is seq {first}; rewind to "
-                               f"--to-seq {first} or later")
-    if info.num_ack_pending:
-        raise RunRefusedError(
-            f"consumer {s.stream}/{s.consumer} has {info.num_ack_pending} deliveries in flight: "
-            "a drain is running, or one died less than ack_wait ago; let it finish (or run "
-            "`js-etl drain`, whose fence settles them), then rewind")
-    target = DeltaTarget(config.target.path, config.target.table)
-    return RewindPlan(stream, info, to_seq, str(target),
-                      target.table or f"delta.`{target.path}`")
-
-
-def rewind_consumer(js: JetStreamSession, config: JobConfig, plan: RewindPlan) -> ConsumerInfo:
-    """Reset the durable consumer to ``plan.to_seq`` (server 2.14+); on a server that cannot,
-    raise RewindUnsupportedError with the exact commands to delete and recreate it."""
-    s = config.source
-    try:
-        js.run(js.admin.reset_consumer(s.stream, s.consumer, plan.to_seq))
-    except (NatsUnavailableError, BadRequestError) as e:
-        rm = f"nats consumer rm {s.stream} {s.consumer} -f"
-        add = consumer_add_command(s.stream, s.consumer, plan.to_seq, plan.consumer.config,
-                                   config)
-        raise RewindUnsupportedError(
-            f"the server did not reset consumer {s.stream}/{s.consumer} ({e}); consumer reset "
-            "needs nats-server 2.14 or later. To rewind on this server, make sure no drain is "
-            f"running, then delete and recreate the consumer at seq {plan.to_seq} (it holds "
-            f"only its position): `{rm} && {add}`{_priority_hint(plan.consumer.config)}"
-        ) from None
-    return js.consumer_info(s.stream, s.consumer)
-
-
-def consumer_add_command(stream: str, consumer: str, start_seq: int,
-                         existing: ConsumerConfig | None, config: JobConfig) -> str:
-    """The ``nats`` CLI command creating the drain's consumer to start at ``start_seq``, with
-    the settings it has (or that a drain would give it)."""
-    from js_etl.spark.drain import DEFAULT_ACK_WAIT, DEFAULT_MAX_ACK_PENDING
-
-    s = config.source
-    ack_wait = (existing.ack_wait if existing else None) or s.ack_wait or DEFAULT_ACK_WAIT
-    max_pending = ((existing.max_ack_pending if existing else None) or s.max_ack_pending
-                   or DEFAULT_MAX_ACK_PENDING)
-    filters = (existing.filter_subjects if existing else ()) or tuple(s.filter_subjects)
-    parts = ["nats consumer add", stream, consumer, "--pull", f"--deliver {start_seq}",
-             "--ack explicit", f"--wait {ack_wait:g}s", f"--max-pending {max_pending}",
-             "--replay instant"]
-    if existing and existing.max_deliver and existing.max_deliver > 0:
-        parts.append(f"--max-deliver {existing.max_deliver}")
-    parts += [f"--filter {subject}" for subject in filters]
-    parts.append("--defaults")
-    return " ".join(parts)
-
-
-def _priority_hint(existing: ConsumerConfig) -> str:
-    if not existing.priority_groups:
-        return ""
-    policy = existing.priority_policy.value if existing.priority_policy else "none"
-    return (f"; then give it back its priority groups {list(existing.priority_groups)} "
-            f"(policy {policy})")

@@ -1,33 +1,48 @@
 """Delta writes tagged with the job's identity, and reading back what the table holds.
 
+Two writes: a drain round's blind **append** (:meth:`DeltaTarget.append`), and a backfill's
+**MERGE** that inserts only the ``(stream, seq)`` a table lacks (:func:`merge_new_rows`).
+
 Every round is one Delta transaction per table, tagged twice:
 
 * ``txnAppId``/``txnVersion`` = job id / round number: Delta's *application transaction*. The
   snapshot keeps the highest version recorded for each app id (a ``txn`` action, carried through
   checkpoints), so :meth:`DeltaTarget.job_round` reads the job's last round from the snapshot
   itself, however many other commits (other writers, OPTIMIZE, VACUUM, backfills) came after it.
-  Delta silently skips an append whose ``txnVersion`` is at or below the recorded one (reference
-  §13), so round numbers must come from there, never from a window of the history, and every
-  append is checked afterwards (:meth:`DeltaTarget.append` raises if it was skipped);
+  Delta silently skips an append whose ``txnVersion`` is at or below the recorded one
+  (measured: the write returns normally and no new version appears), so round numbers must come
+  from there, never from a window of the history, and every append is checked afterwards
+  (:meth:`DeltaTarget.append` raises if it was skipped);
 * ``userMetadata`` = a JSON :class:`CommitTag`, for people and audits reading the history.
 
 Acks are built from :func:`ack_keys` of :func:`rows_in_range`: the ``(seq, num_delivered,
-consumer_seq)`` of the rows the table holds for a round's sequences, read *through Delta* (logical column names, deletion
-vectors, files rewritten by OPTIMIZE: whatever the table's features, a read of the current
-snapshot is what was committed), never from the fetch.
+consumer_seq)`` of the rows the table holds for a round's sequences, read *through Delta*
+(logical column names, deletion vectors, files rewritten by OPTIMIZE: whatever the table's
+features, a read of the current snapshot is what was committed), never from the fetch.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from js_etl.errors import TerminalError
+from js_etl.errors import TerminalError, TransientError
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+    from js_etl.config import JobConfig
+
+log = logging.getLogger("js_etl.delta")
+
+MERGE_ATTEMPTS = 5  # a MERGE that loses to concurrent commits this often fails transiently
 
 ACK_KEY_COLUMNS = ("seq", "num_delivered", "consumer_seq")
 # Columns every table js-etl writes carries, with their Spark types: the fence and the acks
@@ -170,6 +185,36 @@ class DeltaTarget:
         return last
 
 
+class JobTables(NamedTuple):
+    """The two tables of a job: its rows, and its dead letters."""
+
+    target: DeltaTarget
+    dead_letters: DeltaTarget
+
+
+def job_tables(config: JobConfig) -> JobTables:
+    """The job's table and dead-letter table, from ``target.*``."""
+    target = config.target
+    return JobTables(DeltaTarget(target.path, target.table),
+                     DeltaTarget(target.resolved_dead_letter_path,
+                                 target.resolved_dead_letter_table))
+
+
+def same_table(a: DeltaTarget | None, b: DeltaTarget | None) -> bool:
+    if a is None or b is None:
+        return False
+    if a.table or b.table:
+        return bool(a.table and b.table and a.table.lower() == b.table.lower())
+    return _norm_path(a.path) == _norm_path(b.path)
+
+
+def _norm_path(path: str | None) -> str:
+    text = (path or "").rstrip("/")
+    if text.startswith("file:"):
+        text = "/" + text.removeprefix("file:").lstrip("/")
+    return text if "://" in text else os.path.abspath(text)
+
+
 def rows_in_range(spark: SparkSession, table: DeltaTarget, stream: str, first: int,
                   last: int) -> DataFrame | None:
     """The rows ``table`` holds for ``stream`` in ``first..last``, read through Delta; None when
@@ -221,3 +266,111 @@ def log_actions(spark: SparkSession, location: str, version: int) -> list[dict[s
     finally:
         stream.close()
     return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+# --- MERGE: insert what the table lacks --------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class MergeResult:
+    inserted: int  # rows inserted
+    source_rows: int | None  # rows in the MERGE's source; None when its commit was not found
+    version: int | None  # the MERGE's commit; None when it was not found in the recent history
+
+
+def merge_new_rows(spark: SparkSession, table: DeltaTarget, source: DataFrame, tag: CommitTag, *,
+                   stream: str, lo: int, hi: int, partition_by: list[str], merge_schema: bool,
+                   on_attempt: Callable[[], None] = lambda: None) -> MergeResult:
+    """Insert the source rows (``stream``, seqs ``lo..hi``) whose ``(stream, seq)`` the table
+    lacks, in one commit tagged with ``tag``. ``on_attempt`` is called before every attempt.
+
+    Retries on a commit conflict: the retry re-reads the table, so rows a concurrent writer
+    added meanwhile are skipped.
+    """
+    from delta.exceptions import (
+        ConcurrentAppendException,
+        ConcurrentDeleteReadException,
+        ConcurrentTransactionException,
+        ConcurrentWriteException,
+        DeltaConcurrentModificationException,
+        MetadataChangedException,
+        ProtocolChangedException,
+    )
+
+    conflicts = (ConcurrentAppendException, ConcurrentDeleteReadException,
+                 ConcurrentTransactionException, ConcurrentWriteException,
+                 DeltaConcurrentModificationException, MetadataChangedException,
+                 ProtocolChangedException)
+    for attempt in range(1, MERGE_ATTEMPTS + 1):
+        on_attempt()
+        try:
+            with _user_metadata(spark, tag.to_json()):
+                if not table.exists(spark):
+                    _create_empty(table, source, partition_by)
+                merge = (table.delta_table(spark).alias("t")
+                         .merge(source.alias("s"), _merge_condition(stream, lo, hi))
+                         .whenNotMatchedInsertAll())
+                if merge_schema:
+                    merge = merge.withSchemaEvolution()
+                metrics = merge.execute().first()
+            break
+        except conflicts as e:
+            if attempt == MERGE_ATTEMPTS:
+                raise TransientError(
+                    f"{table} kept changing under the backfill's MERGE ({attempt} attempts, "
+                    f"last: {type(e).__name__}); nothing was duplicated — retry when the "
+                    "drain is idle") from None
+            log.warning("backfill %s: MERGE into %s lost to a concurrent commit (%s); "
+                        "retrying", tag.run, table, type(e).__name__)
+            time.sleep(min(0.5 * 2 ** attempt, 8.0))
+    inserted = int(metrics["num_inserted_rows"]) if metrics is not None else 0
+    version, source_rows = _merge_commit(spark, table, tag)
+    return MergeResult(inserted, source_rows, version)
+
+
+def _merge_commit(spark: SparkSession, table: DeltaTarget, tag: CommitTag
+                  ) -> tuple[int | None, int | None]:
+    """(version, MERGE source row count) of the run's MERGE into ``table``."""
+    rows = (table.delta_table(spark).history(50)
+            .select("version", "operation", "userMetadata", "operationMetrics").collect())
+    for row in rows:
+        found = CommitTag.from_json(row["userMetadata"])
+        ours = found is not None and (found.job, found.run) == (tag.job, tag.run)
+        if ours and row["operation"] == "MERGE":
+            metrics = row["operationMetrics"] or {}
+            source = metrics.get("numSourceRows")
+            return int(row["version"]), None if source is None else int(source)
+    return None, None
+
+
+def _merge_condition(stream: str, lo: int, hi: int) -> Column:
+    from pyspark.sql import functions as F
+
+    # The target-only terms let Delta skip files outside the range (seq min/max statistics).
+    return ((F.col("t.stream") == F.col("s.stream")) & (F.col("t.seq") == F.col("s.seq"))
+            & (F.col("t.stream") == F.lit(stream)) & F.col("t.seq").between(lo, hi))
+
+
+def _create_empty(table: DeltaTarget, source: DataFrame, partition_by: list[str]) -> None:
+    """Create a missing table with the source's schema (``limit(0)``: nothing is computed), so
+    that even the first backfill writes through MERGE."""
+    writer = source.limit(0).write.format("delta").mode("append")
+    if partition_by:
+        writer = writer.partitionBy(*partition_by)
+    if table.table:
+        writer.saveAsTable(table.table)
+    else:
+        writer.save(table.path)
+
+
+@contextmanager
+def _user_metadata(spark: SparkSession, text: str) -> Iterator[None]:
+    """Tag commits made through SQL/MERGE (no writer options there) via the session conf."""
+    key = "spark.databricks.delta.commitInfo.userMetadata"
+    previous = spark.conf.get(key, None)
+    spark.conf.set(key, text)
+    try:
+        yield
+    finally:
+        if previous is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, previous)

@@ -49,11 +49,11 @@ only if its delivery-sequence token lies in the consumer's window (ack floor, la
 and the stream sequence is pending — so NAKs use the last delivered consumer sequence, and a
 NAK for a message that is not pending is ignored.
 
-A server-side ``max_deliver`` is refused (``drain_consumer_problems``): the server drops a
-message after that many deliveries and moves the ack floor past it, and a run that dies after
-its fetch (or a NAK of the fence) spends a delivery without committing — so a crash could lose a
-message for good. js-etl parks poison itself instead (``source.max_deliver``), in the
-dead-letter table, after its commit.
+A server-side ``max_deliver`` is refused (:func:`js_etl.durable.policy.drain_consumer_problems`):
+the server drops a message after that many deliveries and moves the ack floor past it, and a run
+that dies after its fetch (or a NAK of the fence) spends a delivery without committing — so a
+crash could lose a message for good. js-etl parks poison itself instead
+(``source.max_deliver``), in the dead-letter table, after its commit.
 """
 
 from __future__ import annotations
@@ -63,28 +63,44 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from js_etl import faults
 from js_etl.config import JobConfig
-from js_etl.errors import ConfigError, RunRefusedError, TransientError
+from js_etl.durable.pin import GroupPin
+from js_etl.durable.policy import (
+    DEFAULT_ACK_WAIT,
+    check_priority_settings,
+    desired_consumer,
+    ensure_drain_consumer,
+    min_ack_wait,
+)
+from js_etl.errors import ConfigError, TransientError
 from js_etl.jetstream import (
     ConnectionOptions,
-    ConsumerConfig,
     ConsumerInfo,
     JetStreamSession,
     PriorityPolicy,
+    ack_prefix,
     ack_subject,
 )
 from js_etl.jetstream.ack import ACK, AckBlock, ack_block, nak_body, term_body
 from js_etl.report import RunReport
 from js_etl.spark.decode import PAYLOAD_BYTES, Decoder, with_partition_columns
-from js_etl.spark.delta import CommitTag, DeltaTarget, ack_keys, rows_in_range
+from js_etl.spark.delta import CommitTag, ack_keys, job_tables, rows_in_range
 from js_etl.spark.fetch import RAW_DDL, FetchPlan, fetch_partition
 from js_etl.spark.lock import TableLock
+from js_etl.spark.rounds import (
+    RoundSize,
+    budget_left,
+    budget_spent,
+    fetch_seconds,
+    plan_round,
+    why_nothing_fetched,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -92,65 +108,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("js_etl.drain")
 
-DEFAULT_ACK_WAIT = 300.0  # seconds, for consumers js-etl creates
-DEFAULT_MAX_ACK_PENDING = 100_000  # for consumers js-etl creates: the round size ceiling
 MAX_RELEASE = 1_000_000  # widest (ack floor, delivered] window the fence NAKs sequence by sequence
-EMPTY_ROUNDS = 5  # rounds in a row that fetch nothing while messages are pending: stop then
-
-
-@dataclass(frozen=True, slots=True)
-class RoundSize:
-    partitions: int
-    batch: int  # messages per pull
-    max_bytes: int  # bytes per pull
-    partition_messages: int
-    partition_bytes: int
-    extra_messages: int = 0  # the first this many partitions may take one message more
-
-
-def min_ack_wait(config: JobConfig) -> float:
-    """The shortest ack_wait a drain accepts: a round's pulls are sent within a third of
-    ack_wait and each ends within fetch.pull_timeout, so every delivery of a round is received
-    within two thirds of ack_wait (module docstring)."""
-    return 3 * config.fetch.pull_timeout
-
-
-def fetch_seconds(config: JobConfig, ack_wait: float) -> float:
-    """How long after its start a round may send pulls (see :func:`min_ack_wait`)."""
-    return max(config.fetch.pull_timeout, ack_wait / 3)
-
-
-def plan_round(config: JobConfig, info: ConsumerInfo, *, messages_left: float,
-               bytes_left: float, released: int = 0) -> RoundSize | None:
-    """Size one round so partitions × batch never exceed the consumer's ack-pending headroom,
-    and no pull asks for more than the consumer allows (its ``max_batch`` / ``max_bytes``; the
-    server refuses such a pull with 409).
-
-    ``released``: messages this run just NAKed. They still count as ack-pending, yet a pull is
-    served them even at the limit (nats-server ``getNextMsg`` serves its redelivery queue before
-    checking ``max_ack_pending``), so they add to the headroom.
-
-    Returns None when there is no headroom at all (every ack-pending slot taken).
-    """
-    fetch, consumer = config.fetch, info.config
-    headroom = _limit(consumer.max_ack_pending) - info.num_ack_pending + released
-    budget = min(headroom, messages_left)
-    if budget < 1:
-        return None
-    partitions = int(min(fetch.partitions, budget))
-    # Every free slot is used: 3 slots over 2 partitions are 2 + 1, not 1 + 1.
-    partition_messages, extra = ((int(budget) // partitions, int(budget) % partitions)
-                                 if budget < 2**31 else (2**31 - 1, 0))
-    batch = max(1, min(fetch.batch, partition_messages + (extra > 0),
-                       _limit(consumer.max_batch)))
-    max_bytes = int(min(fetch.max_bytes, _limit(consumer.max_bytes)))
-    partition_bytes = int(min(fetch.partition_max_bytes, max(bytes_left / partitions, 1)))
-    return RoundSize(partitions, batch, max_bytes, partition_messages, partition_bytes, extra)
-
-
-def _limit(value: int | None) -> float:
-    """A consumer limit where 0, -1 and unset mean none."""
-    return value if value and value > 0 else float("inf")
 
 
 def refuse_speculation(spark: SparkSession) -> None:
@@ -158,23 +116,6 @@ def refuse_speculation(spark: SparkSession) -> None:
         raise ConfigError("spark.speculation=true runs a fetch task twice and both attempts "
                           "pull from the consumer: run the drain with "
                           "--conf spark.speculation=false")
-
-
-def check_priority_settings(config: JobConfig, info: ConsumerInfo) -> PriorityPolicy | None:
-    """The consumer's priority policy, after checking the job's group settings fit it."""
-    source = config.source
-    policy = info.config.priority_policy
-    policy = None if policy in (None, PriorityPolicy.NONE) else policy
-    if policy and source.priority_group not in info.config.priority_groups:
-        raise ConfigError(
-            f"consumer {info.name} uses priority groups {list(info.config.priority_groups)} "
-            f"({policy.value}): set source.priority_group to one of them")
-    overflow = source.min_pending is not None or source.min_ack_pending is not None
-    if overflow and policy is not PriorityPolicy.OVERFLOW:
-        raise ConfigError("source.min_pending / source.min_ack_pending need a consumer with the "
-                          f"'overflow' priority policy; {info.name} has "
-                          f"{policy.value if policy else 'none'}")
-    return policy
 
 
 class Drain:
@@ -188,17 +129,13 @@ class Drain:
         self.config = config
         self.options = options
         self.source = config.source
-        self.target = DeltaTarget(config.target.path, config.target.table)
-        self.dead_letters = DeltaTarget(config.target.resolved_dead_letter_path,
-                                        config.target.resolved_dead_letter_table)
-        self.tables = (self.target, self.dead_letters)
-        self.ack_prefix = f"$JS.ACK.{self.source.stream}.{self.source.consumer}"
+        self.target, self.dead_letters = self.tables = job_tables(config)
+        self.ack_prefix = ack_prefix(self.source.stream, self.source.consumer)
         self.run_id = run_id or uuid.uuid4().hex[:12]
         self.on_round = on_round or (lambda report: None)
         self.stop = stop or threading.Event()  # set (e.g. on SIGTERM): stop after this round
         self.fault = faults.armed()
-        self.pinned = False  # the consumer uses a pinned_client group
-        self.pin_id: str | None = None  # our pin, once the server gave us one
+        self.pin = GroupPin(self.source.stream, self.source.consumer, self.source.priority_group)
         self.park_after = config.source.max_deliver
         self._ack_wait = DEFAULT_ACK_WAIT  # the consumer's, from the last round's plan
         self._released = 0  # deliveries NAKed since the last round (see plan_round)
@@ -227,16 +164,17 @@ class Drain:
                 try:
                     self._run(js, lock, info, started)
                 finally:
-                    self._unpin(js)
+                    self.pin.release(js)
         self.report.seconds = round(time.monotonic() - started, 3)
         return self.report
 
     def _plan(self, js: JetStreamSession) -> ConsumerInfo:
         stream = js.stream_info(self.source.stream)
-        info = js.run(js.admin.ensure_drain_consumer(
-            self.source.stream, self._desired_consumer(), create=self.source.create_consumer,
-            min_ack_wait=min_ack_wait(self.config)))
-        self.pinned = check_priority_settings(self.config, info) is PriorityPolicy.PINNED_CLIENT
+        info = js.run(ensure_drain_consumer(
+            js.admin, self.source.stream, desired_consumer(self.config),
+            create=self.source.create_consumer, min_ack_wait=min_ack_wait(self.config)))
+        self.pin.pinned = (check_priority_settings(self.config, info)
+                           is PriorityPolicy.PINNED_CLIENT)
         self.report.target_seq = stream.state.last_seq
         self.report.pending_before = info.num_pending
         return info
@@ -258,7 +196,8 @@ class Drain:
         retook_pin = False
         empty_rounds = 0
         while True:
-            stop = self._budget_spent(started)
+            stop = budget_spent(run, report, stopping=self.stop.is_set(),
+                                elapsed=time.monotonic() - started)
             if stop:
                 report.stopped_because = stop
                 break
@@ -274,7 +213,7 @@ class Drain:
                 report.stopped_because = "target_reached"
                 break
             if empty_rounds:
-                stop = self._why_nothing_fetched(info, empty_rounds)
+                stop = why_nothing_fetched(self.config, info, empty_rounds)
                 if stop:
                     report.stopped_because = stop
                     break
@@ -285,9 +224,10 @@ class Drain:
             if not next_round:
                 next_round = self._first_round()
             size = plan_round(self.config, info,
-                              messages_left=_left(run.max_messages, report.messages_written
-                                                  + report.dead_letters),
-                              bytes_left=_left(run.max_bytes, report.bytes),
+                              messages_left=budget_left(run.max_messages,
+                                                        report.messages_written
+                                                        + report.dead_letters),
+                              bytes_left=budget_left(run.max_bytes, report.bytes),
                               released=self._released)
             self._released = 0
             if size is None:
@@ -296,7 +236,7 @@ class Drain:
                     f"{info.config.max_ack_pending} ack-pending slots taken by deliveries this "
                     f"run did not make; they return after ack_wait "
                     f"({info.config.ack_wait or 0:g}s): retry then")
-            if self.pinned and self.pin_id is None:
+            if self.pin.pinned and self.pin.pin_id is None:
                 # Only a delivery takes the pin (measured: a 409-only pull does not), so the
                 # first round pulls on one partition; later rounds share its pin id.
                 size = replace(size, partitions=1)
@@ -306,7 +246,7 @@ class Drain:
                 done = self._commit_and_ack(js, lock, fetched, next_round)
             finally:
                 self._release_blocks(blocks)
-            if self.pinned and self._pin_changed(js, done) and not retook_pin:
+            if self.pin.pinned and self.pin.changed(js, done) and not retook_pin:
                 retook_pin = True  # our pin timed out between rounds: take it again, once
                 continue
             if not done:
@@ -316,7 +256,7 @@ class Drain:
             empty_rounds = 0
             self._window = 1
             next_round += 1
-            lock.record(pin_id=self.pin_id)
+            lock.record(pin_id=self.pin.pin_id)
             self.on_round(report)
         with self.report.phase("release"):
             # Everything this run committed is acked (confirmed); whatever else it holds (a
@@ -334,28 +274,10 @@ class Drain:
             table.check_usable(self.spark)
         return 1 + max(table.job_round(self.spark, self.config.job_id)[0] for table in self.tables)
 
-    def _why_nothing_fetched(self, info: ConsumerInfo, empty_rounds: int) -> str | None:
-        """After a round that fetched nothing while the consumer is not empty: why to stop, or
-        None to release this run's stray deliveries and try again."""
-        min_pending = self.source.min_pending
-        if min_pending is not None and info.num_pending < min_pending:
-            return "below_min_pending"  # the overflow group is served only above it
-        if empty_rounds >= EMPTY_ROUNDS:
-            return "nothing_fetched"
-        return None
-
-    def _desired_consumer(self) -> ConsumerConfig:
-        # No server-side max_deliver: see drain_consumer_problems.
-        s = self.source
-        return ConsumerConfig(
-            durable_name=s.consumer, ack_wait=s.ack_wait or DEFAULT_ACK_WAIT,
-            max_ack_pending=s.max_ack_pending or DEFAULT_MAX_ACK_PENDING,
-            filter_subjects=tuple(s.filter_subjects), description="js-etl drain into Delta")
-
     # --- fence ------------------------------------------------------------------------------
     def _fence(self, js: JetStreamSession, info: ConsumerInfo, lock: TableLock) -> None:
         """Finish what earlier runs left (see module docstring)."""
-        self._take_over_pin(js, info, lock)
+        self.pin.take_over(js, info, lock.previous.pin_id if lock.previous else None)
         if info.num_ack_pending == 0:
             return  # nothing delivered and unacked: nothing to finish, no Spark job
         floor, delivered = info.ack_floor.stream_seq, info.delivered.stream_seq
@@ -392,46 +314,6 @@ class Drain:
         self._released = max(info.num_ack_pending - len(exclude), 0)
         return self._released
 
-    # --- priority-group pin -----------------------------------------------------------------
-    def _take_over_pin(self, js: JetStreamSession, info: ConsumerInfo, lock: TableLock) -> None:
-        if not self.pinned:
-            return
-        holder = info.pinned_id(self.source.priority_group or "")
-        if holder is None:
-            return
-        if lock.previous is not None and lock.previous.pin_id == holder:
-            # The pin belongs to the dead run whose lock we took over: free it now rather than
-            # waiting for priority_timeout.
-            js.run(js.admin.unpin(self.source.stream, self.source.consumer,
-                                  self.source.priority_group or ""))
-            return
-        raise RunRefusedError(f"consumer {self.source.stream}/{self.source.consumer} is pinned "
-                              f"by another client ({holder}); this run would split its stream")
-
-    def _pin_changed(self, js: JetStreamSession, got_messages: bool) -> bool:
-        """After a round on a pinned consumer: learn our pin, or find we lost it."""
-        info = js.consumer_info(self.source.stream, self.source.consumer)
-        holder = info.pinned_id(self.source.priority_group or "")
-        if got_messages and self.pin_id is None:
-            self.pin_id = holder  # our single-partition round took the pin
-            return False
-        if holder is not None and holder != self.pin_id:
-            raise RunRefusedError(f"consumer {self.source.stream}/{self.source.consumer} is "
-                                  f"pinned by another client ({holder})")
-        if holder is None and self.pin_id is not None:
-            self.pin_id = None
-            return True
-        return False
-
-    def _unpin(self, js: JetStreamSession) -> None:
-        if not (self.pinned and self.pin_id):
-            return
-        try:
-            js.run(js.admin.unpin(self.source.stream, self.source.consumer,
-                                  self.source.priority_group or ""))
-        except Exception as e:  # the pin times out on its own; do not mask the run's outcome
-            log.warning("could not unpin %s: %s", self.source.consumer, e)
-
     # --- rounds -----------------------------------------------------------------------------
     def _fetch(self, size: RoundSize, info: ConsumerInfo) -> tuple[DataFrame, set[int]]:
         ack_wait = self._ack_wait = info.config.ack_wait or DEFAULT_ACK_WAIT
@@ -444,7 +326,7 @@ class Drain:
             pull_timeout=self.config.fetch.pull_timeout,
             deadline=time.time() + fetch_seconds(self.config, ack_wait) * self._window,
             group=self.source.priority_group, min_pending=self.source.min_pending,
-            min_ack_pending=self.source.min_ack_pending, pin_id=self.pin_id, fault=self.fault,
+            min_ack_pending=self.source.min_ack_pending, pin_id=self.pin.pin_id, fault=self.fault,
             fault_seconds=(1.5 * fetch_seconds(self.config, ack_wait)
                            if self.fault == "slow_task_start" else ack_wait + 1))
         with self.report.phase("fetch"):
@@ -593,25 +475,6 @@ class Drain:
         for reason in pc.unique(errors).to_pylist():
             send(keys.filter(pc.equal(errors, reason)), term_body(f"js-etl dead letter: {reason}"))
         return keys.num_rows
-
-    def _budget_spent(self, started: float) -> str | None:
-        run, report = self.config.run, self.report
-        if self.stop.is_set():
-            return "terminated"
-        if run.max_rounds is not None and report.rounds >= run.max_rounds:
-            return "max_rounds"
-        if run.max_messages is not None and (report.messages_written + report.dead_letters
-                                             >= run.max_messages):
-            return "max_messages"
-        if run.max_bytes is not None and report.bytes >= run.max_bytes:
-            return "max_bytes"
-        if run.max_seconds is not None and time.monotonic() - started >= run.max_seconds:
-            return "max_seconds"
-        return None
-
-
-def _left(budget: int | None, used: int) -> float:
-    return float("inf") if budget is None else budget - used
 
 
 def run_drain(spark: SparkSession, config: JobConfig, *, run_id: str | None = None,

@@ -2,6 +2,10 @@
 from the durable consumer until its budget is spent or the consumer has nothing more, emitting
 Arrow record batches (``mapInArrow``), one per pull, with no per-row Spark conversion.
 
+Also the raw row both readers emit (:data:`RAW_DDL`, :func:`to_record_batch`; the backfill's
+range reader is :mod:`js_etl.spark.read_range`), and the job settings that fix a failed pull
+(:func:`raise_for_pull`).
+
 Nothing here acks: acks come from what a Delta commit holds (see :mod:`js_etl.spark.drain`).
 """
 
@@ -18,9 +22,16 @@ import pyarrow.compute as pc
 
 from js_etl.errors import TerminalError
 from js_etl.faults import fail_first_attempt, start_late
-from js_etl.jetstream import ConnectionOptions, JetStreamSession, PullEnd, parse_headers
+from js_etl.jetstream import ConnectionOptions, JetStreamSession, PullEnd
+from js_etl.jetstream.errors import NatsUnavailableError, PullLimitError
 from js_etl.jetstream.message import JsMessage
 from js_etl.jetstream.pull import PullResult
+from js_etl.jetstream.subjects import (
+    AckMetadata,
+    ForeignAckSubjectError,
+    parse_ack_columns,
+    prefix_stream,
+)
 
 # The raw row as fetched; decoding happens on the JVM afterwards (see decode.py), except the
 # UTF-8 check: Arrow validates a whole batch at memory speed, where the JVM's is_valid_utf8 was
@@ -133,57 +144,64 @@ def fetch_partition(plan: FetchPlan, batches: Iterator[pa.RecordBatch]
                     # client: commit what we have; the driver reads the pin state between rounds.
                     stop = True
                     continue
-                result.raise_for_status()  # disconnects, errors: fail this task attempt
-                if result.messages and _nothing_left(result.messages[-1].reply,
+                raise_for_pull(result)  # disconnects, errors: fail this task attempt
+                if result.messages and _nothing_left(result.messages[-1].metadata,
                                                      plan.stop_after_seq):
                     stop = True
         finally:
             js.cancel(task for task, _ in in_flight)  # only after a failure: the attempt fails
 
 
-def _nothing_left(reply: str, stop_after_seq: int) -> bool:
+def _nothing_left(last: AckMetadata, stop_after_seq: int) -> bool:
     """Whether the last delivery of a pull says this partition can stop without another pull:
     it is past the run's target, or it is a first delivery whose pending token is 0 (nothing
     undelivered left). Redeliveries are not counted in that token (measured), so after a
     redelivery only a 404 tells."""
-    delivered, seq, _, _, pending = reply.rsplit(".", 5)[1:]
-    return int(seq) >= stop_after_seq or (delivered == "1" and pending == "0")
+    return last.stream_seq >= stop_after_seq or (last.num_delivered == 1
+                                                 and last.num_pending == 0)
+
+
+def raise_for_pull(result: PullResult) -> None:
+    """``result.raise_for_status()``, its message followed by the job setting that fixes it."""
+    try:
+        result.raise_for_status()
+    except PullLimitError as e:
+        raise e.with_hint("lower fetch.batch / fetch.max_bytes or raise the consumer's "
+                          "limit") from None
+    except NatsUnavailableError as e:
+        if result.end is not PullEnd.DISCONNECTED:
+            raise
+        raise e.with_hint("a server drops a slow consumer: lower fetch.max_bytes") from None
 
 
 def to_record_batch(messages: list[JsMessage], ack_prefix: str) -> pa.RecordBatch:
     """Build the Arrow batch straight from the pull. The only per-message Python is gathering
     the fields into lists; the ack subjects are split and converted by Arrow compute kernels
-    (profiled: the per-message token parsing cost more than the rest of the batch together)."""
+    (:func:`~js_etl.jetstream.subjects.parse_ack_columns`)."""
     n = len(messages)
-    prefix_dot = ack_prefix + "."
     replies = pa.array([m.reply for m in messages], pa.string())
-    if not pc.all(pc.starts_with(replies, prefix_dot)).as_py():
-        bad = next(m.reply for m in messages if not m.reply.startswith(prefix_dot))
+    try:
+        acks = parse_ack_columns(replies, ack_prefix)
+    except ForeignAckSubjectError as e:
         raise TerminalError(
-            f"ack subject {bad!r} does not start with {ack_prefix!r}: this server uses an "
-            "ack subject form js-etl cannot rebuild from table rows; acks would be lost")
-    # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>
-    tokens = pc.split_pattern(pc.utf8_slice_codeunits(replies, len(prefix_dot)), ".")
-
-    def token(i: int) -> pa.Array:
-        return pc.list_element(tokens, i).cast(pa.int64())
-
+            f"{e}: this server uses an ack subject form js-etl cannot rebuild from table rows; "
+            "acks would be lost") from None
     headers: list[list[tuple[str, list[str]]] | None] = [None] * n
     for i, m in enumerate(messages):
         if m.raw_headers:
-            parsed = parse_headers(m.raw_headers)
+            parsed = m.headers
             for key in _TRANSPORT_HEADERS:
                 parsed.pop(key, None)
             headers[i] = list(parsed.items()) if parsed else None
-    stream = ack_prefix.split(".")[-2]
+    stream = prefix_stream(ack_prefix)
     data = pa.array([m.data for m in messages], pa.binary())
     return pa.RecordBatch.from_arrays([
         pa.array([m.subject for m in messages], pa.string()),
         pa.array([stream] * n, pa.string()),
-        token(1),
-        token(2),
-        token(0),
-        pc.divide(token(3), 1000).cast(pa.timestamp("us", tz="UTC")),
+        acks.stream_seq,
+        acks.consumer_seq,
+        acks.num_delivered,
+        pc.divide(acks.timestamp_ns, 1000).cast(pa.timestamp("us", tz="UTC")),
         pa.array(headers, ARROW_SCHEMA.field("headers").type),
         data,
         _utf8_flags(data),

@@ -131,6 +131,8 @@ def peer_child(index: int, url: str, stream: str, durable: str, table: str, batc
         import pyarrow.json as pj
         from deltalake import write_deltalake
 
+        from js_etl.jetstream.subjects import ack_prefix, parse_ack_columns
+
         schema = pa.schema([("id", pa.int64()), ("kind", pa.string()),
                             ("amount", pa.float64()), ("pad", pa.string())])
         parse = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
@@ -139,20 +141,19 @@ def peer_child(index: int, url: str, stream: str, durable: str, table: str, batc
         def write(messages: list[Any]) -> None:
             nonlocal writes
             n = len(messages)
-            seqs, cseqs, delivered, stamps = [0] * n, [0] * n, [0] * n, [0] * n
-            for i, m in enumerate(messages):
-                d, s, c, ts, _ = m.reply.rsplit(".", 5)[1:]
-                delivered[i], seqs[i], cseqs[i], stamps[i] = int(d), int(s), int(c), int(ts) // 1000
+            acks = parse_ack_columns(pa.array([m.reply for m in messages], pa.string()),
+                                     ack_prefix(stream, durable))
             decoded = pj.read_json(pa.BufferReader(b"\n".join(m.data for m in messages)),
                                    parse_options=parse)
             if decoded.num_rows != n:
                 raise RuntimeError(f"pyarrow decoded {decoded.num_rows} rows from {n} messages")
-            published = pa.array(stamps, pa.timestamp("us", tz="UTC"))
+            published = pc.cast(pc.divide(acks.timestamp_ns, 1000),
+                                pa.timestamp("us", tz="UTC"))
             write_deltalake(table, pa.table({
                 "subject": pa.array([m.subject for m in messages], pa.string()),
-                "seq": pa.array(seqs, pa.int64()),
-                "consumer_seq": pa.array(cseqs, pa.int64()),
-                "num_delivered": pa.array(delivered, pa.int64()),
+                "seq": acks.stream_seq,
+                "consumer_seq": acks.consumer_seq,
+                "num_delivered": acks.num_delivered,
                 "published_at": published,
                 **{name: decoded.column(name) for name in schema.names},
                 "date": pc.cast(published, pa.date32()),

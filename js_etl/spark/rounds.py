@@ -1,0 +1,99 @@
+"""Planning a drain's rounds: how big the next round is, how long it may pull, and when the run
+stops. Pure logic on the config, the consumer's info and the run's report (no Spark, no server),
+so every rule here is tested without either (``tests/test_round_plan.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from js_etl.config import JobConfig, RunConfig
+    from js_etl.jetstream.api import ConsumerInfo
+    from js_etl.report import RunReport
+
+EMPTY_ROUNDS = 5  # rounds in a row that fetch nothing while messages are pending: stop then
+
+
+@dataclass(frozen=True, slots=True)
+class RoundSize:
+    partitions: int
+    batch: int  # messages per pull
+    max_bytes: int  # bytes per pull
+    partition_messages: int
+    partition_bytes: int
+    extra_messages: int = 0  # the first this many partitions may take one message more
+
+
+def fetch_seconds(config: JobConfig, ack_wait: float) -> float:
+    """How long after its start a round may send pulls (see
+    :func:`js_etl.durable.policy.min_ack_wait`)."""
+    return max(config.fetch.pull_timeout, ack_wait / 3)
+
+
+def plan_round(config: JobConfig, info: ConsumerInfo, *, messages_left: float,
+               bytes_left: float, released: int = 0) -> RoundSize | None:
+    """Size one round so partitions × batch never exceed the consumer's ack-pending headroom,
+    and no pull asks for more than the consumer allows (its ``max_batch`` / ``max_bytes``; the
+    server refuses such a pull with 409).
+
+    ``released``: messages this run just NAKed. They still count as ack-pending, yet a pull is
+    served them even at the limit (nats-server ``getNextMsg`` serves its redelivery queue before
+    checking ``max_ack_pending``), so they add to the headroom.
+
+    Returns None when there is no headroom at all (every ack-pending slot taken).
+    """
+    fetch, consumer = config.fetch, info.config
+    headroom = _limit(consumer.max_ack_pending) - info.num_ack_pending + released
+    budget = min(headroom, messages_left)
+    if budget < 1:
+        return None
+    partitions = int(min(fetch.partitions, budget))
+    # Every free slot is used: 3 slots over 2 partitions are 2 + 1, not 1 + 1.
+    partition_messages, extra = ((int(budget) // partitions, int(budget) % partitions)
+                                 if budget < 2**31 else (2**31 - 1, 0))
+    batch = max(1, min(fetch.batch, partition_messages + (extra > 0),
+                       _limit(consumer.max_batch)))
+    max_bytes = int(min(fetch.max_bytes, _limit(consumer.max_bytes)))
+    partition_bytes = int(min(fetch.partition_max_bytes, max(bytes_left / partitions, 1)))
+    return RoundSize(partitions, batch, max_bytes, partition_messages, partition_bytes, extra)
+
+
+def _limit(value: int | None) -> float:
+    """A consumer limit where 0, -1 and unset mean none."""
+    return value if value and value > 0 else float("inf")
+
+
+def budget_left(budget: int | None, used: int) -> float:
+    return float("inf") if budget is None else budget - used
+
+
+def budget_spent(run: RunConfig, report: RunReport, *, stopping: bool,
+                 elapsed: float) -> str | None:
+    """Why the run stops before its next round (``run.*`` budgets), or None to go on.
+    ``stopping``: the run was asked to stop (e.g. SIGTERM); ``elapsed``: seconds since it
+    started."""
+    if stopping:
+        return "terminated"
+    if run.max_rounds is not None and report.rounds >= run.max_rounds:
+        return "max_rounds"
+    if run.max_messages is not None and (report.messages_written + report.dead_letters
+                                         >= run.max_messages):
+        return "max_messages"
+    if run.max_bytes is not None and report.bytes >= run.max_bytes:
+        return "max_bytes"
+    if run.max_seconds is not None and elapsed >= run.max_seconds:
+        return "max_seconds"
+    return None
+
+
+def why_nothing_fetched(config: JobConfig, info: ConsumerInfo, empty_rounds: int) -> str | None:
+    """After a round that fetched nothing while the consumer is not empty: why to stop, or
+    None to release this run's stray deliveries and try again."""
+    min_pending = config.source.min_pending
+    if min_pending is not None and info.num_pending < min_pending:
+        return "below_min_pending"  # the overflow group is served only above it
+    if empty_rounds >= EMPTY_ROUNDS:
+        return "nothing_fetched"
+    return None
