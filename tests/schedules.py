@@ -56,7 +56,10 @@ POISON = (b"{not json", b"\xff\xfe{\"id\": 1}")  # malformed JSON; not UTF-8
 COLUMN_MAPPING = "spark.conf.spark.databricks.delta.properties.defaults.columnMapping.mode=name"
 SPARK_CHATTER = re.compile(r" WARN |Setting default log level|setLogLevel|log4j2-defaults|"
                            r"incubator modules")
-DRAIN_TIMEOUT = 300.0  # a drain still running after this is a hang (reported, then killed)
+# A drain that writes nothing (no round line, no report) for this long is a hang (reported, then
+# killed). Progress, not total time: a loaded machine makes a long drain slower, not hung (the
+# soak once killed a drain mid-way at a 300 s wall-clock limit, on a box at load 11).
+DRAIN_STALL = 300.0
 FINAL_DRAINS = 2  # clean drains allowed to reach "drained" after the schedule
 SETTLE_SECONDS = 10.0  # for the server to apply the last acks before the consumer is judged
 
@@ -386,11 +389,12 @@ class _Player:
                                          daemon=True)
             disruptor.start()
         try:
-            record.rc = proc.wait(DRAIN_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            record.rc = proc.wait()
-            self.out.problem("hung", f"{label} still running after {DRAIN_TIMEOUT:g}s: killed")
+            record.rc = _wait_while_writing(proc, (Path(f"{logs}.out"), Path(f"{logs}.err")),
+                                            DRAIN_STALL)
+            if record.rc is None:
+                proc.kill()
+                record.rc = proc.wait()
+                self.out.problem("hung", f"{label} wrote nothing for {DRAIN_STALL:g}s: killed")
         except BaseException:  # interrupted (Ctrl-C): leave no drain, JVM or worker behind
             proc.kill()
             proc.wait()
@@ -861,6 +865,22 @@ def _last_json(lines: list[str]) -> dict[str, Any] | None:
         except ValueError:
             return None
     return None
+
+
+def _wait_while_writing(proc: subprocess.Popen[str], logs: tuple[Path, ...],
+                        stall: float) -> int | None:
+    """The exit code of ``proc``, or None once its logs have not grown for ``stall`` seconds."""
+    size, quiet_since = -1, time.monotonic()
+    while True:
+        try:
+            return proc.wait(1.0)
+        except subprocess.TimeoutExpired:
+            pass
+        now_size = sum(p.stat().st_size for p in logs if p.exists())
+        if now_size != size:
+            size, quiet_since = now_size, time.monotonic()
+        elif time.monotonic() - quiet_since > stall:
+            return None
 
 
 def _kill_leftovers(marker: str, wait: float = 30.0) -> list[int]:
