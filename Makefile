@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test soak bench clean nats-cli
+.PHONY: setup demo test test-unit lint soak bench clean nats-cli
 
 # The real NATS CLI for the tests that run every `nats …` command js-etl or the README prints.
 # The test fixture (tests/conftest.py: nats_cli) builds it the same way when it is missing.
@@ -23,16 +23,25 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(BIN)/js-etl demo
 
-test: setup
+test: setup lint
 	$(BIN)/python -m pytest
 
-# Many randomized fault schedules (tests/schedules.py): each prints its seed and verdict, then
+# Pure-logic tests only (tests/unit: no nats-server, no JVM): seconds, for quick feedback.
+test-unit: setup
+	$(BIN)/python -m pytest tests/unit
+
+# Types and lint, both configured in pyproject.toml; part of `make test`.
+lint: setup
+	$(BIN)/python -m ruff check js_etl tests jobs dags
+	$(BIN)/python -m mypy
+
+# Many randomized fault schedules (tests/support/schedules.py): each prints its seed and verdict, then
 # "N passed, M failed". Replay one: JS_ETL_SCHEDULE_SEED=<seed> $(BIN)/python -m pytest
-# tests/test_fault_schedules.py. `make soak SEEDS="1 2 3"` runs those seeds instead.
+# tests/spark/test_fault_schedules.py. `make soak SEEDS="1 2 3"` runs those seeds instead.
 SCHEDULES ?= 10
 SEEDS ?=
 soak: setup
-	$(BIN)/python tests/schedules.py soak --schedules $(SCHEDULES) $(foreach s,$(SEEDS),--seed $(s))
+	$(BIN)/python tests/support/schedules.py soak --schedules $(SCHEDULES) $(foreach s,$(SEEDS),--seed $(s))
 
 # Full-size benchmark (a few minutes): js-etl against the bare pull+ack loop and a simple peer.
 bench: setup

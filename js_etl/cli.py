@@ -26,13 +26,11 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 from js_etl.config import JobConfig, load_config
 from js_etl.errors import JsEtlError, TransientError
-
-if TYPE_CHECKING:
-    from js_etl.report import RunReport
+from js_etl.report import RunReport, StopReason, progress_for
 
 log = logging.getLogger("js_etl")
 
@@ -163,7 +161,7 @@ def failure_reason(error: BaseException) -> tuple[str, int]:
     return f"{type(error).__name__}: {lines[0]}"[:500], 1
 
 
-def _subclasses(cls: type) -> list[type]:
+def _subclasses(cls: type[JsEtlError]) -> list[type[JsEtlError]]:
     return [sub for direct in cls.__subclasses__() for sub in (direct, *_subclasses(direct))]
 
 
@@ -194,9 +192,10 @@ def _drain(config: JobConfig, report_file: str | None, spark_submit: bool) -> in
     # boundary: the round in progress is committed and acked, the rest released, the lock freed.
     terminated = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: terminated.set())
-    report = run_drain(spark, config, options=options, stop=terminated)
+    report = run_drain(spark, config, options=options, stop=terminated,
+                       progress=progress_for(sys.stderr))
     _emit(report, report_file)
-    if report.stopped_because == "terminated":
+    if report.stopped_because is StopReason.TERMINATED:
         print(f"js-etl: Terminated: SIGTERM received; stopped after round {report.rounds}, "
               "everything committed is acked, the next run continues", file=sys.stderr)
         return TransientError.exit_code
@@ -246,9 +245,9 @@ def _backfill(args: argparse.Namespace, spark_submit: bool) -> int:
 
 
 def _rewind(config: JobConfig, to_seq: int, yes: bool) -> int:
-    from js_etl.jetstream import JetStreamSession
     from js_etl.durable.rewind import plan_rewind, rewind_consumer
     from js_etl.errors import ConfirmationRequiredError
+    from js_etl.jetstream import JetStreamSession
 
     with JetStreamSession(config.nats.connection_options()) as js:
         plan = plan_rewind(js, config, to_seq)

@@ -15,8 +15,11 @@ import pytest
 
 os.environ["TZ"] = "UTC"  # collect() returns naive datetimes in the process's local zone
 
-from js_etl.dev.server import LocalNatsServer  # noqa: E402
-from js_etl.jetstream import ConnectionOptions, JetStreamSession  # noqa: E402
+from js_etl.dev.server import LocalNatsServer
+from js_etl.jetstream import ConnectionOptions, JetStreamSession
+
+# Helpers and the `stream` fixture of tests/support/streams.py (on pythonpath: pyproject).
+pytest_plugins = ["streams"]
 
 _counter = itertools.count(1)
 

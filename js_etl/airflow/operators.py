@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
 Job = Literal["drain", "backfill"]
-# The packaged job scripts (js_etl/jobs/): where the installed js_etl is, from a wheel or a checkout.
+# The packaged job scripts (js_etl/jobs/) of the installed js_etl, from a wheel or a checkout.
 JOBS_DIR = Path(js_etl.jobs.__file__).resolve().parent
 JOB_SCRIPTS: dict[str, str] = {"drain": "drain.py", "backfill": "backfill.py"}
 EXIT_MEANINGS = {

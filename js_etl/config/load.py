@@ -69,7 +69,7 @@ def _unknown_key(key: str, origin: str) -> ConfigError:
         parent = key.rpartition(".")[0]
         while not isinstance(SCHEMA.get(parent), type):
             parent = parent.rpartition(".")[0]
-        names = [f.name for f in fields(SCHEMA[parent])]  # type: ignore[arg-type]
+        names = [f.name for f in fields(SCHEMA[parent])]
         hint = f"valid keys in {parent or 'the top level'}: {', '.join(names)}"
     return ConfigError(f"unknown key {key!r} ({hint}){origin_note(origin)}")
 

@@ -69,5 +69,5 @@ class GroupPin:
         # Any failure is only logged: the pin times out on its own; do not mask the run's outcome.
         try:
             js.run(js.admin.unpin(self.stream, self.consumer, self.group))
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             log.warning("could not unpin %s: %s", self.consumer, e)

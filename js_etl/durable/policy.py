@@ -4,7 +4,7 @@
   :data:`DEFAULT_MAX_ACK_PENDING`), or checks when it exists (:func:`ensure_drain_consumer`,
   :func:`drain_consumer_problems`, :func:`min_ack_wait`, :func:`check_priority_settings`);
 * each refusal carries the ``nats`` CLI command (v0.5) that fixes it, runnable as printed without
-  a terminal (``tests/test_natscli_commands.py`` runs them).
+  a terminal (``tests/durable/test_natscli_commands.py`` runs them).
 
 A server-side ``max_deliver`` is refused: see :func:`drain_consumer_problems`.
 """

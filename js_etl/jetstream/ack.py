@@ -22,7 +22,8 @@ the answer. What that relies on (nats-server 2.15 ``server/consumer.go``, read a
   redelivery is ignored: "If already queued up also ignore") and ``+WPI``.
 
 So the answer proves that every command of the block, sent before it on the same connection, has
-been applied. ``tests/test_jetstream_ack.py::test_confirmed_block_is_applied_before_the_next_pull``
+been applied.
+``tests/jetstream/test_jetstream_ack.py::test_confirmed_block_is_applied_before_the_next_pull``
 measures it: a NAK block then an ACK block of the same messages, then a pull from another
 connection, repeated; with the confirmation the pull finds nothing every time.
 

@@ -177,7 +177,8 @@ class _RawClient(nats.aio.client.Client):
                            headers: bytes | None) -> None:
         sink = self.raw_sinks.get(sid)
         if sink is None:
-            await super()._process_msg(sid, subject, reply, data, headers)
+            # nats-py passes None for a message without headers, though it annotates bytes.
+            await super()._process_msg(sid, subject, reply, data, headers)  # type: ignore[arg-type]
             return
         self.stats["in_msgs"] += 1
         self.stats["in_bytes"] += len(data)

@@ -3,8 +3,8 @@ spoken as the server actually speaks it.
 
 One pull = one ``$JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer>`` request, answered on our inbox
 by data frames and at most one status frame. How a pull ends (all measured on nats-server 2.15.1
-with a raw-socket client recording the exact frames; ``tests/test_jetstream_pull.py`` pins each
-case against a real server):
+with a raw-socket client recording the exact frames;
+``tests/jetstream/test_jetstream_pull.py`` pins each case against a real server):
 
 * ``batch`` messages arrived: **no terminator** is sent, so we count.
 * ``max_bytes`` consumed exactly: **no terminator** either, so we count bytes with the server's
@@ -132,8 +132,16 @@ def status_error(status: Status) -> JetStreamError:
 class _Collector:
     """Receives the frames of one pull from the parser, without any queue hop."""
 
-    __slots__ = ("messages", "bytes", "status", "pin_id", "_batch", "_max_bytes", "_done",
-                 "_reply_to")
+    __slots__ = (
+        "_batch",
+        "_done",
+        "_max_bytes",
+        "_reply_to",
+        "bytes",
+        "messages",
+        "pin_id",
+        "status",
+    )
 
     def __init__(self, request: PullRequest, reply_to: bytes, done: asyncio.Future[None]) -> None:
         self.messages: list[JsMessage] = []

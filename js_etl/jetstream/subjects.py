@@ -88,7 +88,8 @@ class AckMetadata:
         """The part of the reply subject shared by every delivery of this consumer."""
         if self.account_hash is None:
             return ack_prefix(self.stream, self.consumer)
-        return f"{_ACK_PREFIX}{self.domain or '_'}.{self.account_hash}.{self.stream}.{self.consumer}"
+        domain = self.domain or "_"
+        return f"{_ACK_PREFIX}{domain}.{self.account_hash}.{self.stream}.{self.consumer}"
 
 
 def parse_ack_subject(reply: str) -> AckMetadata:

@@ -14,7 +14,7 @@ lifetime. A session is created inside the partition function; only picklable
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Iterable
+from collections.abc import Awaitable, Iterable
 from typing import Any, Self, TypeVar
 
 from js_etl.jetstream.ack import Acker
@@ -38,8 +38,8 @@ class JetStreamSession:
         self.admin = JetStreamAdmin(self.conn)
         self.acker = Acker(self.conn)
 
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run one coroutine of the async layer on this session's loop."""
+    def run(self, coro: Awaitable[T]) -> T:
+        """Run one coroutine (or a task of :meth:`start_pull`) on this session's loop."""
         return self._loop.run_until_complete(coro)
 
     # The calls executors and the driver make all the time; anything else goes through run().

@@ -81,7 +81,7 @@ from js_etl.jetstream import (
 )
 from js_etl.jetstream.admin import first_message_at_or_after
 from js_etl.jetstream.errors import ConsumerNotFoundError
-from js_etl.report import RunReport
+from js_etl.report import RunReport, StopReason
 from js_etl.spark.decode import Decoder, with_partition_columns
 from js_etl.spark.delta import CommitTag, DeltaTarget, job_tables, merge_new_rows, same_table
 from js_etl.spark.fetch import RAW_DDL
@@ -358,13 +358,14 @@ class Backfill:
                                     F.coalesce(F.sum(F.length("data")), F.lit(0)).alias("bytes"),
                                     F.min("seq").alias("first"), F.max("seq").alias("last")
                                     ).first()
+            assert stats is not None  # an aggregate without grouping has exactly one row
             report.messages_read = int(stats["n"])
             report.bytes = int(stats["bytes"])
             report.first_seq = None if stats["first"] is None else int(stats["first"])
             report.last_seq = None if stats["last"] is None else int(stats["last"])
             self._check_start_still_stored(plan, before_write=True)
             if not report.messages_read:
-                report.stopped_because = "nothing_in_range"
+                report.stopped_because = StopReason.NOTHING_IN_RANGE
                 report.notes.append(f"no message in seqs {plan.lo}..{plan.hi} matches the filter "
                                     f"{list(plan.filter_subjects) or '(none)'}")
                 log.warning("backfill %s: %s", self.run_id, report.notes[-1])
@@ -372,7 +373,7 @@ class Backfill:
                 with self.report.phase("write"):
                     self._write(spark, decoder, fetched, plan)
                 report.rounds = 1
-                report.stopped_because = "range_done"
+                report.stopped_because = StopReason.RANGE_DONE
         finally:
             fetched.unpersist()
         self._check_start_still_stored(plan, before_write=False)

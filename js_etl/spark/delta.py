@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from js_etl.errors import TerminalError, TransientError
+from js_etl.spark.session import spark_jvm
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -87,13 +88,16 @@ class DeltaTarget:
 
         if self.table:
             return bool(spark.catalog.tableExists(self.table))
+        assert self.path is not None  # a target is a table or a path (TargetConfig checks)
         return bool(DeltaTable.isDeltaTable(spark, self.path))
 
     def delta_table(self, spark: SparkSession) -> Any:
         from delta.tables import DeltaTable
 
-        return (DeltaTable.forName(spark, self.table) if self.table
-                else DeltaTable.forPath(spark, self.path))
+        if self.table:
+            return DeltaTable.forName(spark, self.table)
+        assert self.path is not None  # a target is a table or a path (TargetConfig checks)
+        return DeltaTable.forPath(spark, self.path)
 
     def location(self, spark: SparkSession) -> str:
         if self.path:
@@ -129,9 +133,9 @@ class DeltaTarget:
 
     def _snapshot(self, spark: SparkSession) -> Any:
         """Delta's own, freshly updated snapshot of the table (the one its writer uses)."""
-        jvm = spark._jvm  # type: ignore[attr-defined]
+        jvm = spark_jvm(spark)
         log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(
-            spark._jsparkSession, self.location(spark))  # type: ignore[attr-defined]
+            spark._jsparkSession, self.location(spark))
         none = jvm.scala.Option.empty()
         return log.update(False, none, none)
 
@@ -247,9 +251,9 @@ def ack_keys(rows: DataFrame | None, *, seqs: DataFrame | None = None,
 
 def _list_dir(spark: SparkSession, path: str) -> list[str]:
     """Names in directory ``path`` through Hadoop's FileSystem ([] if it does not exist)."""
-    jvm = spark._jvm  # type: ignore[attr-defined]
+    jvm = spark_jvm(spark)
     hpath = jvm.org.apache.hadoop.fs.Path(path)
-    fs = hpath.getFileSystem(spark._jsc.hadoopConfiguration())  # type: ignore[attr-defined]
+    fs = hpath.getFileSystem(spark._jsc.hadoopConfiguration())
     if not fs.exists(hpath) or not fs.getFileStatus(hpath).isDirectory():
         return []
     return [str(status.getPath().getName()) for status in fs.listStatus(hpath)]
@@ -258,9 +262,9 @@ def _list_dir(spark: SparkSession, path: str) -> list[str]:
 def log_actions(spark: SparkSession, location: str, version: int) -> list[dict[str, Any]]:
     """The actions of commit ``version``, read from its log file on the driver through Hadoop's
     FileSystem (any store Spark can write; no Spark job)."""
-    jvm = spark._jvm  # type: ignore[attr-defined]
+    jvm = spark_jvm(spark)
     path = jvm.org.apache.hadoop.fs.Path(f"{location}/_delta_log/{version:020d}.json")
-    stream = path.getFileSystem(spark._jsc.hadoopConfiguration()).open(path)  # type: ignore
+    stream = path.getFileSystem(spark._jsc.hadoopConfiguration()).open(path)
     try:
         text = str(jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
     finally:

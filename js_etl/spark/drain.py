@@ -62,7 +62,6 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from functools import partial
@@ -88,7 +87,7 @@ from js_etl.jetstream import (
     ack_subject,
 )
 from js_etl.jetstream.ack import ACK, AckBlock, ack_block, nak_body, term_body
-from js_etl.report import RunReport
+from js_etl.report import LogProgress, Progress, RunReport, StopReason
 from js_etl.spark.decode import PAYLOAD_BYTES, Decoder, with_partition_columns
 from js_etl.spark.delta import CommitTag, ack_keys, job_tables, rows_in_range
 from js_etl.spark.fetch import RAW_DDL, FetchPlan, fetch_partition
@@ -123,7 +122,7 @@ class Drain:
 
     def __init__(self, spark: SparkSession, config: JobConfig, options: ConnectionOptions,
                  *, run_id: str | None = None,
-                 on_round: Callable[[RunReport], None] | None = None,
+                 progress: Progress | None = None,
                  stop: threading.Event | None = None) -> None:
         self.spark = spark
         self.config = config
@@ -132,7 +131,7 @@ class Drain:
         self.target, self.dead_letters = self.tables = job_tables(config)
         self.ack_prefix = ack_prefix(self.source.stream, self.source.consumer)
         self.run_id = run_id or uuid.uuid4().hex[:12]
-        self.on_round = on_round or (lambda report: None)
+        self.progress = progress or LogProgress(log)
         self.stop = stop or threading.Event()  # set (e.g. on SIGTERM): stop after this round
         self.fault = faults.armed()
         self.pin = GroupPin(self.source.stream, self.source.consumer, self.source.priority_group)
@@ -166,6 +165,7 @@ class Drain:
                 finally:
                     self.pin.release(js)
         self.report.seconds = round(time.monotonic() - started, 3)
+        self.progress.finished(self.report)
         return self.report
 
     def _plan(self, js: JetStreamSession) -> ConsumerInfo:
@@ -204,13 +204,13 @@ class Drain:
             with self.report.phase("plan"):
                 info = js.consumer_info(self.source.stream, self.source.consumer)
             if info.num_pending == 0 and info.num_ack_pending == 0:
-                report.stopped_because = "drained"
+                report.stopped_because = StopReason.DRAINED
                 break
             if (report.rounds and info.delivered.stream_seq >= report.target_seq
                     and info.num_ack_pending == 0):
                 # Nothing up to the target is left, not even a redelivery (a dead run's
                 # deliveries move the delivered pointer past the target before we read them).
-                report.stopped_because = "target_reached"
+                report.stopped_because = StopReason.TARGET_REACHED
                 break
             if empty_rounds:
                 stop = why_nothing_fetched(self.config, info, empty_rounds)
@@ -257,7 +257,7 @@ class Drain:
             self._window = 1
             next_round += 1
             lock.record(pin_id=self.pin.pin_id)
-            self.on_round(report)
+            self.progress.round_done(report)
         with self.report.phase("release"):
             # Everything this run committed is acked (confirmed); whatever else it holds (a
             # failed task attempt's deliveries) goes back now rather than after ack_wait.
@@ -438,8 +438,6 @@ class Drain:
         report.bytes += int(stats["bytes"])
         report.first_seq = min(x for x in (report.first_seq, first) if x is not None)
         report.last_seq = max(x for x in (report.last_seq, last) if x is not None)
-        log.info("round %d: %d messages, versions %s", round_no, stats["n"],
-                 report.delta_versions[-1:])
         return True
 
     def _dedupe(self, fetched: DataFrame) -> tuple[DataFrame, set[int]]:
@@ -460,10 +458,10 @@ class Drain:
         import pyarrow.compute as pc
 
         def send(rows: pa.Table, body: bytes) -> None:
-            columns = [rows.column(c).combine_chunks()
-                       for c in ("num_delivered", "seq", "consumer_seq")]
+            delivered, seq, consumer_seq = (rows.column(c).combine_chunks()
+                                            for c in ("num_delivered", "seq", "consumer_seq"))
             lock.check()
-            js.run(js.acker.send(ack_block(self.ack_prefix, *columns, body)))
+            js.run(js.acker.send(ack_block(self.ack_prefix, delivered, seq, consumer_seq, body)))
 
         if not dead:
             half = keys.num_rows // 2 if self.fault == "kill_mid_ack" else keys.num_rows
@@ -479,7 +477,7 @@ class Drain:
 
 def run_drain(spark: SparkSession, config: JobConfig, *, run_id: str | None = None,
               options: ConnectionOptions | None = None,
-              on_round: Callable[[RunReport], None] | None = None,
+              progress: Progress | None = None,
               stop: threading.Event | None = None) -> RunReport:
     """Drain ``config.source`` into ``config.target`` on ``spark`` and return the report.
 
@@ -488,4 +486,4 @@ def run_drain(spark: SparkSession, config: JobConfig, *, run_id: str | None = No
     (12000, 'drained')
     """
     return Drain(spark, config, options or config.nats.connection_options(),
-                 run_id=run_id, on_round=on_round, stop=stop).run()
+                 run_id=run_id, progress=progress, stop=stop).run()

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from js_etl.errors import RunRefusedError, TerminalError
+from js_etl.spark.session import spark_jvm
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -260,10 +261,10 @@ class _HadoopFile:
     """The same operations through Spark's Hadoop FileSystem (s3a://, abfss://, hdfs://)."""
 
     def __init__(self, spark: SparkSession, path: str) -> None:
-        jvm = spark._jvm  # type: ignore[attr-defined]
+        jvm = spark_jvm(spark)
         self._jvm = jvm
         self._path = jvm.org.apache.hadoop.fs.Path(path)
-        self._fs = self._path.getFileSystem(spark._jsc.hadoopConfiguration())  # type: ignore
+        self._fs = self._path.getFileSystem(spark._jsc.hadoopConfiguration())
         self.path = path
 
     def create_exclusive(self, data: bytes) -> bool:

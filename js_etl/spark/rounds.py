@@ -1,12 +1,14 @@
 """Planning a drain's rounds: how big the next round is, how long it may pull, and when the run
 stops. Pure logic on the config, the consumer's info and the run's report (no Spark, no server),
-so every rule here is tested without either (``tests/test_round_plan.py``).
+so every rule here is tested without either (``tests/unit/test_round_plan.py``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from js_etl.report import StopReason
 
 if TYPE_CHECKING:
     from js_etl.config import JobConfig, RunConfig
@@ -53,8 +55,8 @@ def plan_round(config: JobConfig, info: ConsumerInfo, *, messages_left: float,
     # Every free slot is used: 3 slots over 2 partitions are 2 + 1, not 1 + 1.
     partition_messages, extra = ((int(budget) // partitions, int(budget) % partitions)
                                  if budget < 2**31 else (2**31 - 1, 0))
-    batch = max(1, min(fetch.batch, partition_messages + (extra > 0),
-                       _limit(consumer.max_batch)))
+    batch = int(max(1, min(fetch.batch, partition_messages + (extra > 0),
+                           _limit(consumer.max_batch))))
     max_bytes = int(min(fetch.max_bytes, _limit(consumer.max_bytes)))
     partition_bytes = int(min(fetch.partition_max_bytes, max(bytes_left / partitions, 1)))
     return RoundSize(partitions, batch, max_bytes, partition_messages, partition_bytes, extra)
@@ -70,30 +72,31 @@ def budget_left(budget: int | None, used: int) -> float:
 
 
 def budget_spent(run: RunConfig, report: RunReport, *, stopping: bool,
-                 elapsed: float) -> str | None:
+                 elapsed: float) -> StopReason | None:
     """Why the run stops before its next round (``run.*`` budgets), or None to go on.
     ``stopping``: the run was asked to stop (e.g. SIGTERM); ``elapsed``: seconds since it
     started."""
     if stopping:
-        return "terminated"
+        return StopReason.TERMINATED
     if run.max_rounds is not None and report.rounds >= run.max_rounds:
-        return "max_rounds"
+        return StopReason.MAX_ROUNDS
     if run.max_messages is not None and (report.messages_written + report.dead_letters
                                          >= run.max_messages):
-        return "max_messages"
+        return StopReason.MAX_MESSAGES
     if run.max_bytes is not None and report.bytes >= run.max_bytes:
-        return "max_bytes"
+        return StopReason.MAX_BYTES
     if run.max_seconds is not None and elapsed >= run.max_seconds:
-        return "max_seconds"
+        return StopReason.MAX_SECONDS
     return None
 
 
-def why_nothing_fetched(config: JobConfig, info: ConsumerInfo, empty_rounds: int) -> str | None:
+def why_nothing_fetched(config: JobConfig, info: ConsumerInfo,
+                        empty_rounds: int) -> StopReason | None:
     """After a round that fetched nothing while the consumer is not empty: why to stop, or
     None to release this run's stray deliveries and try again."""
     min_pending = config.source.min_pending
     if min_pending is not None and info.num_pending < min_pending:
-        return "below_min_pending"  # the overflow group is served only above it
+        return StopReason.BELOW_MIN_PENDING  # the overflow group is served only above it
     if empty_rounds >= EMPTY_ROUNDS:
-        return "nothing_fetched"
+        return StopReason.NOTHING_FETCHED
     return None

@@ -11,8 +11,9 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from js_etl.errors import TerminalError
 from js_etl.spark.jars import delta_jars
 
 if TYPE_CHECKING:
@@ -93,7 +94,7 @@ def job_session(spark_config: SparkConfig, *, spark_submit: bool) -> SparkSessio
 def _require_delta(spark: SparkSession) -> None:
     from delta.tables import DeltaTable
 
-    from js_etl.errors import TerminalError
+
 
     try:  # without the jars, py4j hands back a JavaPackage and calling it raises TypeError
         DeltaTable.isDeltaTable(spark, "file:///nonexistent-js-etl-probe")
@@ -101,3 +102,13 @@ def _require_delta(spark: SparkSession) -> None:
         raise TerminalError("Delta classes are not on the driver's classpath: pass Delta's jars "
                             "to spark-submit, e.g. --jars $(js-etl jars) — see README "
                             "'Running a drain'") from None
+
+
+def spark_jvm(spark: SparkSession) -> Any:
+    """The driver's py4j view of the JVM: Delta's and Hadoop's Java API where PySpark has none
+    (DeltaLog snapshots, Hadoop FileSystem reads). Classic Spark only; Spark Connect has none."""
+    view = spark._jvm
+    if view is None:
+        raise TerminalError("this SparkSession has no JVM (Spark Connect?): js-etl needs a "
+                            "classic Spark driver")
+    return view

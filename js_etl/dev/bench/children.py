@@ -26,9 +26,9 @@ class RssSampler:
     """Samples RSS (and CPU time) of this process and all its descendants on a thread.
 
     Categories: ``driver`` (the process running the drain, ``driver_pid``), ``jvm``, ``workers``
-    (other Python processes, or only ``worker_pids`` and their children), ``server`` (nats-server), ``bench`` (this process when it is not
-    the driver), ``other``. Peaks are per category; ``total`` is driver + JVM + workers at the
-    same instant.
+    (other Python processes, or only ``worker_pids`` and their children), ``server``
+    (nats-server), ``bench`` (this process when it is not the driver), ``other``. Peaks are per
+    category; ``total`` is driver + JVM + workers at the same instant.
     """
 
     def __init__(self, interval: float = SAMPLE_SECONDS) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 from js_etl.dev.bench.settings import MiB
 from js_etl.dev.bench.verify import start_spark, table_counts, table_problems
 from js_etl.jetstream import Acker, ConnectionOptions, JetStreamConnection, PullEnd, Puller
+from js_etl.spark.session import spark_jvm
 
 
 async def _connect(url: str, name: str) -> JetStreamConnection:
@@ -35,7 +36,7 @@ def _nats_child(index: int, url: str, name: str, events: Any, go: Any,
         result = loop.run_until_complete(drain())
         events.put(("done", index, {**result, "start": start, "end": time.monotonic(),
                                     "cpu": time.process_time() - cpu0}))
-    except BaseException as e:  # noqa: BLE001 - reported to the parent, which fails the leg
+    except BaseException as e:
         events.put(("error", index, f"{type(e).__name__}: {e}"))
     finally:
         if conn is not None:
@@ -193,7 +194,7 @@ def memory_child(index: int, overrides: list[str], warmup: list[str] | None, n: 
         events.put(("drained", index, None))
         # What the JVM still holds after the run, once garbage is collected (outside the
         # measured peak): RSS mostly follows the heap limit, this follows what was kept.
-        jvm = spark.sparkContext._jvm
+        jvm = spark_jvm(spark)
         jvm.java.lang.System.gc()
         heap = jvm.java.lang.management.ManagementFactory.getMemoryMXBean().getHeapMemoryUsage()
         retained = {"heap_used_after_gc_mib": round(heap.getUsed() / MiB, 1),
@@ -202,7 +203,7 @@ def memory_child(index: int, overrides: list[str], warmup: list[str] | None, n: 
         problems = table_problems(counts, n, first_seq, last_seq)
         events.put(("done", index, {"seconds": seconds, "report": report.as_dict(),
                                     "counts": counts, "problems": problems, **retained}))
-    except BaseException as e:  # noqa: BLE001 - reported to the parent, which fails the run
+    except BaseException as e:
         events.put(("error", index, f"{type(e).__name__}: {e}"))
     finally:
         if spark is not None:

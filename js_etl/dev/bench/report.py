@@ -152,11 +152,11 @@ def format_results(result: dict[str, Any]) -> str:
                     f"{run['msg_per_s']:,}" for run in leg["runs"]))
         r, t = w["ratios"], w["targets"]
 
-        def verdict(key: str) -> str:
-            value = r[key]
+        def verdict(key: str, r: dict[str, Any] = r, t: dict[str, Any] = t) -> str:
+            value, target = r[key], t[key]
             if value is None:
                 return "n/a"
-            return f"{value:.2f} (target >= {t[key]:g}: {'met' if value >= t[key] else 'NOT met'})"
+            return f"{value:.2f} (target >= {target:g}: {'met' if value >= target else 'NOT met'})"
 
         lines.append(f"js-etl / client limit {verdict('js_etl_vs_client_limit')}; "
                      f"js-etl / simple peer {verdict('js_etl_vs_simple_peer')}")

@@ -294,7 +294,7 @@ class Bench:
                 for name, leg in summary.items()}
         per_cpu = {name: leg.get("msg_per_cpu_s") or 0.0 if leg["verified"] else 0.0
                    for name, leg in summary.items()}
-        result = {
+        result: dict[str, Any] = {
             "messages": n, "size": size, "publish": pub, "legs": summary,
             "ratios": {"js_etl_vs_client_limit": ratio(rate.get("js_etl", 0.0),
                                                        rate.get("client_limit", 0.0)),
@@ -338,11 +338,13 @@ class Bench:
             memory: dict[str, Any] = {}
             startup: list[float] = []
 
-            def before_go(infos: list[Any], pids: list[int]) -> None:
+            def before_go(infos: list[Any], pids: list[int],
+                          startup: list[float] = startup) -> None:
                 startup.append(infos[0])
                 self.sampler.reset(pids[0])  # that process is the driver of this run
 
-            def on_event(kind: str, index: int, value: Any) -> None:
+            def on_event(kind: str, index: int, value: Any,
+                         memory: dict[str, Any] = memory) -> None:
                 if kind == "drained":  # peaks of the drain, before the verification read
                     memory.update(self.sampler.snapshot())
 

@@ -36,6 +36,7 @@ def table_counts(spark: SparkSession, path: str) -> dict[str, int]:
                  F.min("seq").alias("min_seq"), F.max("seq").alias("max_seq"),
                  F.countDistinct("id").alias("distinct_id"), F.min("id").alias("min_id"),
                  F.max("id").alias("max_id")).first()
+    assert row is not None  # an aggregate without grouping has exactly one row
     return {k: int(v) if v is not None else -1 for k, v in row.asDict().items()}
 
 

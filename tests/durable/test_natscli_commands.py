@@ -30,7 +30,7 @@ from js_etl.jetstream.errors import (
     StreamNotFoundError,
 )
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 MIN_ACK_WAIT = 15.0  # what a drain with fetch.pull_timeout 5s needs
 PRINTED = re.compile(r"`(nats [^`]+)`")
 
@@ -83,7 +83,8 @@ def run_printed(message: str, nats_cli: str, server: LocalNatsServer, cwd: Path)
 
 
 def desired(name: str, **config: Any) -> ConsumerConfig:
-    """The consumer a drain with default settings asks for (as js_etl.durable.policy.desired_consumer)."""
+    """The consumer a drain with default settings asks for (as
+    js_etl.durable.policy.desired_consumer)."""
     return ConsumerConfig(durable_name=name, ack_wait=config.pop("ack_wait", 300.0),
                           max_ack_pending=config.pop("max_ack_pending", 100_000), **config)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import psutil
 import pytest
-from test_jetstream_support import ack, nak, run_until
+from streams import AfterEachRound, ack, nak, run_until
 
 from js_etl.config import load_config
 from js_etl.dev.publish import publish, wait_for_messages
@@ -32,7 +32,7 @@ from js_etl.spark.lock import TableLock
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 SCHEMA = "id BIGINT"
 
@@ -128,7 +128,8 @@ def test_driver_sigkilled_then_recovery_run(fault, spark, js, names, nats_server
 
     proc = drain_process(names, nats_server.url, table, fault, marker)
     _, err = proc.communicate(timeout=180)
-    assert proc.returncode == -9, f"expected SIGKILL at {fault}, got {proc.returncode}: {err[-800:]}"
+    assert proc.returncode == -9, (
+        f"expected SIGKILL at {fault}, got {proc.returncode}: {err[-800:]}")
     assert_no_process_left(marker)
     before = js.consumer_info(names.stream, names.consumer)
     assert before.num_ack_pending > 0  # the dead run left deliveries behind
@@ -181,7 +182,7 @@ def test_nats_server_restarted_mid_run(kill, spark, names, tmp_path):
                 restarts.append(report.rounds)
 
         try:
-            run_drain(spark, config, on_round=restart_after_first_round)
+            run_drain(spark, config, progress=AfterEachRound(restart_after_first_round))
         except Exception:  # a run may fail over the restart; the recovery run must fix it
             pass
         assert restarts == [1]

@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from test_jetstream_support import (  # noqa: F401
+from streams import (
     ack,
     ack_confirmed,
     consumer,
@@ -15,7 +15,6 @@ from test_jetstream_support import (  # noqa: F401
     nak,
     pub,
     run_until,
-    stream,
     term,
     wait_until,
 )

@@ -11,7 +11,7 @@ import pickle
 from datetime import UTC, datetime
 
 import pytest
-from test_jetstream_support import drained, size
+from streams import drained, size
 
 from js_etl.errors import ConfigError, TerminalError, TransientError
 from js_etl.instant import format_time, parse_time

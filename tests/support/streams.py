@@ -1,7 +1,8 @@
-"""Shared helpers for the JetStream tests (no tests here).
+"""Stream helpers and the ``stream`` fixture shared by the tests (no tests here).
 
-Imported by the ``test_jetstream_*`` modules; pytest puts ``tests/`` on ``sys.path`` (no package
-``__init__``), so ``from test_jetstream_support import ...`` works from any of them.
+``tests/support`` is on pytest's ``pythonpath`` (pyproject) and the root conftest loads this module
+as a plugin, so tests import helpers with ``from streams import ...`` and get its fixtures without
+importing them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Any, TypeVar
 import nats.errors
 import pytest
 
+from js_etl.dev.publish import publish as publish_messages
+from js_etl.dev.publish import wait_for_messages
 from js_etl.jetstream import (
     ConsumerConfig,
     ConsumerInfo,
@@ -53,6 +56,20 @@ def consumer(session: JetStreamSession, stream: str, name: str, **config: Any) -
     """Create a durable pull consumer (explicit ack unless told otherwise)."""
     return session.run(session.admin.create_consumer(
         stream, ConsumerConfig(durable_name=name, **config)))
+
+
+def add_stream(js: JetStreamSession, names: Any) -> None:
+    js.run(js.admin.add_stream(names.stream, [names.subject]))
+
+
+def publish_and_wait(js: JetStreamSession, names: Any, messages: list[Any]) -> None:
+    before = js.stream_info(names.stream).state.last_seq
+    js.run(publish_messages(js.conn, messages))
+    js.run(wait_for_messages(js.conn, names.stream, before + len(messages)))
+
+
+def purge_stream(js: JetStreamSession, name: str, *, keep: int | None = None) -> None:
+    js.run(js.conn.request(f"STREAM.PURGE.{name}", {"keep": keep} if keep is not None else None))
 
 
 # --- acks and message facts the product does not need itself -----------------------------------
@@ -147,3 +164,17 @@ def stream(js: JetStreamSession, names: Any) -> Iterator[str]:
             js.run(js.admin.delete_stream(names.stream))
         except Exception:  # the test may have broken the connection on purpose
             pass
+
+
+class AfterEachRound:
+    """A run's :class:`~js_etl.report.Progress` that calls ``fn(report)`` after each committed
+    round: how a test acts at a round boundary of a real run."""
+
+    def __init__(self, fn: Callable[[Any], None]) -> None:
+        self.fn = fn
+
+    def round_done(self, report: Any) -> None:
+        self.fn(report)
+
+    def finished(self, report: Any) -> None:
+        pass

@@ -2,9 +2,10 @@
 published message in the table or the dead-letter table exactly once, and the consumer clean.
 
 A few fixed seeds run here (part of ``make test``); ``make soak SCHEDULES=N`` runs N random ones
-(tests/schedules.py). Replay a failing seed:
+(tests/support/schedules.py). Replay a failing seed:
 
-    JS_ETL_SCHEDULE_SEED=<seed>[,<seed>...] .venv/bin/python -m pytest tests/test_fault_schedules.py
+    JS_ETL_SCHEDULE_SEED=<seed>[,<seed>...] \
+        .venv/bin/python -m pytest tests/spark/test_fault_schedules.py
 """
 
 from __future__ import annotations

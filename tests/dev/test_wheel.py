@@ -22,7 +22,7 @@ import pytest
 
 from js_etl.spark.jars import DELTA_VERSION
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
 
 pytestmark = pytest.mark.wheel

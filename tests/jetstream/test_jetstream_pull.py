@@ -10,13 +10,12 @@ import asyncio
 import time
 
 import pytest
-from test_jetstream_support import (  # noqa: F401
+from streams import (
     ack,
     consumer,
     drained,
     pub,
     size,
-    stream,
     timed_pull,
     wait_until,
 )
@@ -225,7 +224,7 @@ def test_requests_pending_408_while_a_larger_request_is_queued(js, names, stream
         elapsed = time.monotonic() - t0
         return await first, second, elapsed
 
-    first, second, elapsed = js.run(both())
+    first, second, _elapsed = js.run(both())
     assert first.end is PullEnd.DEADLINE and len(first.messages) == 5
     assert second.end is PullEnd.REQUESTS_PENDING and second.messages == []
     assert second.status is not None and str(second.status) == "408 Requests Pending"
@@ -349,7 +348,7 @@ def test_repeated_header_keeps_every_value_in_order(js, names, stream):
 def test_message_size_with_headers_matches_server_accounting(js, names, stream):
     # With headers the cost includes the header block (facts §2: 180 = 147 + 33).
     async def publish_with_header():
-        for i in range(3):
+        for _i in range(3):
             await js.conn.nc.publish(f"{names.prefix}.h", b"y" * 50,
                                      headers={"X-Probe": "0123456789"})
         await js.conn.nc.flush()

@@ -14,13 +14,12 @@ import threading
 import time
 
 import pytest
-from test_jetstream_support import (  # noqa: F401
+from streams import (
     ack,
     ack_confirmed,
     consumer,
     drained,
     pub,
-    stream,
     wait_until,
 )
 

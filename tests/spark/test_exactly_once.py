@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from streams import AfterEachRound
 from test_faults import assert_exactly_once, config_for, events, setup_stream
 
 from js_etl.dev.publish import publish, wait_for_messages
@@ -155,7 +156,7 @@ def foreign_commits(table: Path, n: int) -> None:
 def test_rounds_and_fence_survive_a_hundred_commits_of_another_writer(spark, js, names,
                                                                        nats_server, tmp_path,
                                                                        monkeypatch):
-    messages, good, bad = events(names, 300)
+    messages, good, _bad = events(names, 300)
     setup_stream(js, names, messages, max_ack_pending=100)
     table = tmp_path / "table"
     config = config_for(names, nats_server.url, table)
@@ -256,7 +257,7 @@ def test_run_that_lost_its_lock_stops_before_committing(spark, js, names, nats_s
         write_owner(table, names.consumer, thief)
 
     with pytest.raises(RunRefusedError, match="lost its lock"):
-        run_drain(spark, config, on_round=steal)
+        run_drain(spark, config, progress=AfterEachRound(steal))
 
     lock = table / "_js_etl" / f"{names.consumer}.lock"
     assert json.loads(lock.read_text())["run_id"] == "thief"  # not deleted by the loser
@@ -296,11 +297,12 @@ def test_column_mapping_and_optimize_vacuum_before_the_fence(spark, js, names, n
     assert_exactly_once(spark, js, names, table, good, bad)
 
 
-# --- 7. a NATS server killed mid-run: tests/test_faults.py::test_nats_server_restarted_mid_run
+# --- 7. a NATS server killed mid-run:
+# tests/spark/test_faults.py::test_nats_server_restarted_mid_run
 
 
 def test_fence_on_an_empty_consumer_runs_no_spark_job(spark, js, names, nats_server, tmp_path):
-    messages, good, bad = events(names, 50)
+    messages, _good, _bad = events(names, 50)
     setup_stream(js, names, messages)
     table = tmp_path / "table"
     config = config_for(names, nats_server.url, table)

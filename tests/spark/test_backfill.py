@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from stream_support import add_stream, publish_and_wait, purge_stream
-from test_jetstream_support import ack
+from streams import ack, add_stream, publish_and_wait, purge_stream
 
 from js_etl import cli
 from js_etl.config import JobConfig, load_config
@@ -34,7 +33,7 @@ from js_etl.spark.backfill import (
 from js_etl.spark.delta import CommitTag, DeltaTarget
 from js_etl.spark.drain import run_drain
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 SCHEMA = "id BIGINT, kind STRING"
 DRAIN_COLUMNS = ["subject", "stream", "seq", "consumer_seq", "num_delivered", "published_at",
@@ -115,8 +114,8 @@ def test_middle_range_into_an_empty_table_and_a_rerun_inserts_nothing(
 
     # The same backfill again, through the CLI: nothing is inserted twice.
     report_file = tmp_path / "report.json"
-    code = cli.main(["backfill", *sum((["--set", s] for s in settings(
-        names, nats_server, table)), []), "--from-seq", "101", "--to-seq", "200",
+    code = cli.main(["backfill", *[a for s in settings(
+        names, nats_server, table) for a in ("--set", s)], "--from-seq", "101", "--to-seq", "200",
         "--report-file", str(report_file)])
     out = capsys.readouterr().out.strip().splitlines()[-1]
     assert code == 0
@@ -311,7 +310,7 @@ def test_impossible_ranges_are_clear_errors(js, names, nats_server, tmp_path, ca
     assert "clamped from seq 999 to seq 40" in clamped.notes[0]
 
     # Through the command: exit 2 and one line saying why, before any Spark starts.
-    args = sum((["--set", s] for s in settings(names, nats_server, tmp_path / "t")), [])
+    args = [a for s in settings(names, nats_server, tmp_path / "t") for a in ("--set", s)]
     assert cli.main(["backfill", *args, "--from-seq", "50"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("js-etl: RangeError:") and "ends at seq 40" in err[-1]
@@ -333,7 +332,7 @@ def test_purged_prefix_is_a_clear_error_naming_the_first_available_seq(js, names
     assert (plan(config, from_seq=61).lo, plan(config, from_seq=61).hi) == (61, 100)
 
     # The spark-submit entry point fails the same way, before Spark does anything.
-    args = sum((["--set", s] for s in settings(names, nats_server, tmp_path / "t")), [])
+    args = [a for s in settings(names, nats_server, tmp_path / "t") for a in ("--set", s)]
     result = subprocess.run([sys.executable, str(REPO / "jobs" / "backfill_to_delta.py"), *args,
                              "--from-seq", "10"], capture_output=True, text=True, timeout=60,
                             cwd=REPO, env={**os.environ, "TZ": "UTC"})
@@ -399,7 +398,7 @@ class _Terminal(io.StringIO):
 
 
 def rewind_args(names: Any, nats_server: Any, table: Path, seq: int, *extra: str) -> list[str]:
-    return ["rewind", *sum((["--set", s] for s in settings(names, nats_server, table)), []),
+    return ["rewind", *[a for s in settings(names, nats_server, table) for a in ("--set", s)],
             "--to-seq", str(seq), *extra]
 
 

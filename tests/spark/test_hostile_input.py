@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from stream_support import add_stream, publish_and_wait
+from streams import add_stream, publish_and_wait
 
 from js_etl.config import load_config
 from js_etl.errors import ConfigError, TerminalError

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from test_jetstream_support import ack, consumer, pub, stream, wait_until  # noqa: F401
+from streams import ack, consumer, pub, wait_until
 
 from js_etl.durable.policy import ensure_drain_consumer
 from js_etl.errors import TerminalError

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from chispa import assert_df_equality
-from stream_support import add_stream, publish_and_wait
+from streams import add_stream, publish_and_wait
 
 from js_etl.config import JobConfig, load_config
 from js_etl.errors import TerminalError

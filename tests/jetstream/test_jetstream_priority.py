@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from test_jetstream_support import pub, stream, timed_pull  # noqa: F401
+from streams import pub, timed_pull
 
 from js_etl.jetstream import ConsumerConfig, JetStreamSession, PriorityPolicy, PullEnd
 from js_etl.jetstream.errors import PinMismatchError, PriorityGroupError

@@ -13,9 +13,10 @@ with an independent reader (the ``deltalake`` package) that every published mess
 table or in the dead-letter table exactly once, and that the consumer has nothing pending or
 ack-pending. Whatever a run's fate, the check is the same: it never depends on where a run died.
 
-    .venv/bin/python tests/schedules.py soak --schedules 30     # what `make soak` runs
-    .venv/bin/python tests/schedules.py show 1234               # print one seed's schedule
-    JS_ETL_SCHEDULE_SEED=1234 .venv/bin/python -m pytest tests/test_fault_schedules.py  # replay
+    .venv/bin/python tests/support/schedules.py soak --schedules 30     # what `make soak` runs
+    .venv/bin/python tests/support/schedules.py show 1234               # print one seed's schedule
+    JS_ETL_SCHEDULE_SEED=1234 .venv/bin/python -m pytest \
+        tests/spark/test_fault_schedules.py                          # replay
 
 deltalake runs in a child process (``delta-read`` / ``delta-write`` below): its process can
 abort at interpreter exit after a read (rc 134, see reference §12), which must not take pytest
@@ -43,7 +44,7 @@ from typing import Any
 from urllib.parse import unquote
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
+REPO = HERE.parents[1]
 BIN = Path(sys.executable).parent
 if str(REPO) not in sys.path:  # run as a script: import the project from this worktree
     sys.path.insert(0, str(REPO))
@@ -260,7 +261,7 @@ class Outcome:
         head = "PASSED" if self.ok else f"FAILED ({', '.join(self.kinds())})"
         lines = [f"fault schedule seed={self.schedule.seed} {head} in {self.seconds:.0f}s",
                  f"replay: JS_ETL_SCHEDULE_SEED={self.schedule.seed} .venv/bin/python -m pytest "
-                 "tests/test_fault_schedules.py", self.schedule.describe(), "runs:"]
+                 "tests/spark/test_fault_schedules.py", self.schedule.describe(), "runs:"]
         lines += [run.describe() for run in self.runs]
         lines += [f"event: {e}" for e in self.events]
         lines += [f"PROBLEM {kind}: {detail}" for kind, detail in self.problems]
