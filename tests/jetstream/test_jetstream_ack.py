@@ -15,6 +15,7 @@ from streams import (
     nak,
     pub,
     run_until,
+    settled,
     term,
     wait_until,
 )
@@ -28,11 +29,6 @@ def js2(nats_options) -> Iterator[JetStreamSession]:
     """A second connection: acks need not travel with the messages."""
     with JetStreamSession(nats_options) as session:
         yield session
-
-
-def settled(js: JetStreamSession, stream: str, name: str, ack_pending: int):
-    return wait_until(lambda: js.consumer_info(stream, name),
-                      lambda i: i.num_ack_pending == ack_pending)
 
 
 def test_ack_from_another_connection_after_the_puller_closed(js, js2, names, stream,

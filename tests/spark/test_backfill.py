@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from streams import ack, add_stream, publish_and_wait, purge_stream
+from streams import ack, add_stream, publish_and_wait, purge_stream, settled
 
 from js_etl import cli
 from js_etl.config import JobConfig, load_config
@@ -72,15 +72,11 @@ def durable_state(js: JetStreamSession, names: Any) -> tuple[Any, ...]:
             info.num_redelivered, info.config)
 
 
-def settled(js: JetStreamSession, names: Any) -> tuple[Any, ...]:
-    state = durable_state(js, names)
-    for _ in range(50):  # acks are applied asynchronously
-        time.sleep(0.02)
-        again = durable_state(js, names)
-        if again == state:
-            return again
-        state = again
-    return state
+def settled_state(js: JetStreamSession, names: Any, ack_pending: int = 0) -> tuple[Any, ...]:
+    """The durable consumer's state once ``ack_pending`` deliveries are ack-pending (a drain's
+    acks are confirmed applied before it returns; the wait covers anything else)."""
+    settled(js, names.stream, names.consumer, ack_pending)
+    return durable_state(js, names)
 
 
 # --- writing ----------------------------------------------------------------------------------
@@ -137,7 +133,7 @@ def test_backfill_over_drained_rows_fills_gaps_and_leaves_the_rest_to_the_drain(
     first = run_drain(spark, make_config(names, nats_server, table, "run.max_messages=200"))
     assert first.messages_written == 200
     spark.sql(f"DELETE FROM delta.`{table}` WHERE seq BETWEEN 150 AND 170")  # lost rows
-    before = settled(js, names)
+    before = settled_state(js, names)
 
     report = run_backfill(spark, config, RangeRequest.parse(from_seq=100))  # the drain's table
 
@@ -146,7 +142,7 @@ def test_backfill_over_drained_rows_fills_gaps_and_leaves_the_rest_to_the_drain(
     assert report.clamped and "ack" in report.notes[0] and names.consumer in report.notes[0]
     assert (report.messages_read, report.messages_written, report.already_present) == (101, 21, 80)
     assert seqs(spark, table) == list(range(1, 201))
-    assert settled(js, names) == before  # the durable consumer was not touched
+    assert settled_state(js, names) == before  # the durable consumer was not touched
 
     rest = run_drain(spark, config)
     assert rest.messages_written == 200
@@ -232,7 +228,7 @@ def test_the_durable_consumer_is_unchanged_and_filters_apply(spark, js, names, n
         durable_name=names.consumer, ack_wait=60, filter_subjects=(f"{names.prefix}.keep",))))
     pulled = js.pull(js.puller(names.stream, names.consumer), 30)
     ack(js, [m.reply for m in pulled.messages[:20]])  # 20 acked, 10 in flight
-    before = settled(js, names)
+    before = settled_state(js, names, ack_pending=10)
     table = tmp_path / "copy"
     # No filter in the config: the durable consumer's filter is the job's.
     config = make_config(names, nats_server, table, "fetch.partitions=3", "fetch.batch=7")
@@ -243,7 +239,7 @@ def test_the_durable_consumer_is_unchanged_and_filters_apply(spark, js, names, n
     expected = [i for i in range(10, 201) if i % 3]
     assert seqs(spark, table) == expected
     assert report.messages_read == len(expected)
-    assert settled(js, names) == before
+    assert settled_state(js, names, ack_pending=10) == before
     assert js.stream_info(names.stream).state.consumer_count == 1  # only the durable one
 
 
@@ -445,7 +441,7 @@ def test_rewind_refuses_without_confirmation_and_explains_old_servers(
     publish_and_wait(js, names, numbered(names, 1, 51))
     js.run(js.admin.create_consumer(names.stream, ConsumerConfig(
         durable_name=names.consumer, ack_wait=60, filter_subjects=(f"{names.prefix}.x",))))
-    before = settled(js, names)
+    before = settled_state(js, names)
     table = tmp_path / "table"
 
     # Not a terminal and no --yes: refused, nothing changed.
@@ -454,7 +450,7 @@ def test_rewind_refuses_without_confirmation_and_explains_old_servers(
                             cwd=REPO, env={**os.environ, "TZ": "UTC"})
     assert result.returncode == 2
     assert "--yes" in result.stderr.strip().splitlines()[-1]
-    assert settled(js, names) == before
+    assert settled_state(js, names) == before
 
     # A server without consumer reset (it does not answer): the exact commands instead.
     async def no_answer(self: Any, stream: str, consumer: str, seq: int) -> int:

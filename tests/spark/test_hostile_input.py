@@ -11,16 +11,14 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from streams import add_stream, publish_and_wait
+from streams import add_stream, publish_and_wait, settled
 
 from js_etl.config import load_config
 from js_etl.errors import ConfigError, TerminalError
-from js_etl.jetstream import JetStreamSession
 from js_etl.jetstream.errors import (
     ConsumerConfigError,
     ConsumerNotFoundError,
@@ -201,16 +199,6 @@ def drain_config(names: Any, nats_server: Any, tmp_path: Path, *extra: str) -> A
     ], environ={})
 
 
-def settled(js: JetStreamSession, names: Any) -> Any:
-    """Consumer info once the server applied every ack (it applies them asynchronously)."""
-    deadline = time.monotonic() + 10
-    info = js.consumer_info(names.stream, names.consumer)
-    while info.num_ack_pending and time.monotonic() < deadline:
-        time.sleep(0.02)
-        info = js.consumer_info(names.stream, names.consumer)
-    return info
-
-
 def test_drain_lands_each_payload_once_as_a_row_or_a_dead_letter(spark, js, names, nats_server,
                                                                  tmp_path):
     add_stream(js, names)
@@ -227,7 +215,7 @@ def test_drain_lands_each_payload_once_as_a_row_or_a_dead_letter(spark, js, name
     assert {r.seq: (bytes(r.data), r.error) for r in dead} == {
         i + 1: (p, PAYLOADS[p]) for i, p in enumerate(payloads) if PAYLOADS[p] is not None}
     assert (report.messages_written, report.dead_letters) == (len(good), len(payloads) - len(good))
-    info = settled(js, names)
+    info = settled(js, names.stream, names.consumer)
     assert (info.num_pending, info.num_ack_pending) == (0, 0)  # acked only after the commits
 
 

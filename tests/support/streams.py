@@ -141,6 +141,14 @@ def wait_until(fetch: Callable[[], T], check: Callable[[T], bool], timeout: floa
     return value
 
 
+def settled(js: JetStreamSession, stream: str, consumer: str, ack_pending: int = 0
+            ) -> ConsumerInfo:
+    """The consumer's info once ``num_ack_pending`` is ``ack_pending``: acks sent without a
+    confirmation (tests' fire-and-forget ones) are applied by the server asynchronously."""
+    return wait_until(lambda: js.consumer_info(stream, consumer),
+                      lambda info: info.num_ack_pending == ack_pending)
+
+
 def run_until(session: JetStreamSession, check: Callable[[], bool], timeout: float = 30.0) -> None:
     """Run ``session``'s event loop (so subscription callbacks are delivered) until ``check``."""
     async def wait() -> None:
