@@ -249,7 +249,7 @@ class JetStreamHook(BaseHook):
                 info = js.run(js.conn.request("INFO"))
         except JsEtlError as e:
             return False, f"{type(e).__name__}: {e}"
-        except Exception as e:
+        except Exception as e:  # an Airflow lookup error, a bad TLS file, ...
             return False, f"{type(e).__name__}: {e}"
         streams, consumers = info.get("streams", 0), info.get("consumers", 0)
         return True, (f"Connected to {', '.join(options.servers)}: JetStream account has "

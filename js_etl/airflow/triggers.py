@@ -76,7 +76,7 @@ class JetStreamBacklogTrigger(BaseTrigger):
                 self.log.info("%s/%s: %d pending, waiting for %d", self.stream, self.consumer,
                               info.num_pending, self.min_pending)
                 await asyncio.sleep(self.poll_interval)
-        except Exception as e:
+        except Exception as e:  # every failure must reach the task as an event
             event = error_payload(e, stream=self.stream, consumer=self.consumer)
         finally:
             await self._close()
@@ -91,6 +91,6 @@ class JetStreamBacklogTrigger(BaseTrigger):
             return
         try:
             await conn.close()
-        except Exception as e:
+        except Exception as e:  # closing must never turn a result into a failure
             self.log.warning("closing the NATS connection of %s/%s failed: %s", self.stream,
                              self.consumer, e)

@@ -62,7 +62,7 @@ def test_sensor_defers_and_completes_when_messages_arrive(tjs, names):
                 js.run(publish(js.conn, [(f"{names.prefix}.e", b"m")] * 3))
                 js.run(wait_for_messages(js.conn, names.stream, 3))
             published.set()
-        except BaseException as e:
+        except BaseException as e:  # surfaced by the assertions below
             problems.append(e)
 
     publisher = threading.Thread(target=publish_once_deferred, daemon=True)

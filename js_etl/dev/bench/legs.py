@@ -36,7 +36,7 @@ def _nats_child(index: int, url: str, name: str, events: Any, go: Any,
         result = loop.run_until_complete(drain())
         events.put(("done", index, {**result, "start": start, "end": time.monotonic(),
                                     "cpu": time.process_time() - cpu0}))
-    except BaseException as e:
+    except BaseException as e:  # reported to the parent, which fails the leg
         events.put(("error", index, f"{type(e).__name__}: {e}"))
     finally:
         if conn is not None:
@@ -203,7 +203,7 @@ def memory_child(index: int, overrides: list[str], warmup: list[str] | None, n: 
         problems = table_problems(counts, n, first_seq, last_seq)
         events.put(("done", index, {"seconds": seconds, "report": report.as_dict(),
                                     "counts": counts, "problems": problems, **retained}))
-    except BaseException as e:
+    except BaseException as e:  # reported to the parent, which fails the run
         events.put(("error", index, f"{type(e).__name__}: {e}"))
     finally:
         if spark is not None:
