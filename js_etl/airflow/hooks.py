@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
@@ -247,10 +248,20 @@ class JetStreamHook(BaseHook):
 
             with JetStreamSession(options) as js:
                 info = js.run(js.conn.request("INFO"))
+                auth_required = js.conn.auth_required
         except JsEtlError as e:
             return False, f"{type(e).__name__}: {e}"
         except Exception as e:  # an Airflow lookup error, a bad TLS file, ...
             return False, f"{type(e).__name__}: {e}"
         streams, consumers = info.get("streams", 0), info.get("consumers", 0)
-        return True, (f"Connected to {', '.join(options.servers)}: JetStream account has "
-                      f"{streams} stream(s) and {consumers} consumer(s)")
+        message = (f"Connected to {', '.join(options.servers)}: JetStream account has "
+                   f"{streams} stream(s) and {consumers} consumer(s)")
+        credentials = (options.token or options.user or options.creds_file
+                       or options.nkey_seed_file)
+        if credentials and not auth_required:
+            message += ("; note: the server did not ask for credentials, so the connection's "
+                        "token, user or key was not checked")
+        # `airflow connections test` prints only "Connection success!" and silences logging
+        # unless --verbose: with it, this line shows what was seen (the UI shows the message).
+        logging.getLogger(__name__).info("%s", message)
+        return True, message

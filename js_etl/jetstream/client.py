@@ -234,6 +234,12 @@ class JetStreamConnection:
     def reconnects(self) -> int:
         return int(self.nc.stats["reconnects"])
 
+    @property
+    def auth_required(self) -> bool:
+        """Whether the server's INFO asked for credentials. A server without authorization
+        accepts a connection that sends a token or a password and ignores them."""
+        return bool(self.nc._server_info.get("auth_required"))
+
     async def close(self) -> None:
         if not self.nc.is_closed:
             try:

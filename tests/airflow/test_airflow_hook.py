@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from airflow_support import REPO, TOKEN, set_connection
@@ -122,6 +126,34 @@ def test_test_connection_reports_success_refused_credentials_and_unreachable(tok
     assert not ok
     assert message.startswith("NatsUnavailableError: cannot connect to NATS at nats://127.0.0.1:")
     assert time.monotonic() - started < 15
+
+
+def test_test_connection_says_what_it_saw_and_when_credentials_went_unchecked(nats_server,
+                                                                              token_server):
+    from js_etl.airflow import JetStreamHook
+
+    # A token given to a server without authorization: connected, but nothing was checked.
+    set_connection("nats_open_with_token", conn_type="nats", host="127.0.0.1",
+                   port=nats_server.port, extra={"token": "not-checked-anywhere"})
+    ok, message = JetStreamHook("nats_open_with_token").test_connection()
+    assert ok, message
+    assert message.endswith("the server did not ask for credentials, so the connection's "
+                            "token, user or key was not checked")
+    ok, message = JetStreamHook("nats_test").test_connection()  # the token server checks it
+    assert ok and "did not ask" not in message
+
+    # Airflow's command prints only "Connection success!" and silences logs unless --verbose;
+    # with it, the hook's message (logged) shows.
+    result = subprocess.run([str(Path(sys.executable).with_name("airflow")), "connections",
+                             "test", "nats_test", "--verbose"], capture_output=True, text=True,
+                            timeout=180,
+                            check=False,
+                            env={**os.environ, "AIRFLOW__CORE__TEST_CONNECTION": "Enabled"})
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-2000:]
+    assert "Connection success!" in output
+    assert "JetStream account has" in output and "consumer(s)" in output
+    assert TOKEN not in output
 
 
 def test_hook_consumer_info_and_session(tjs, names):
