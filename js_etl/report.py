@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
@@ -138,3 +138,26 @@ class TerminalProgress:
 def progress_for(out: TextIO) -> Progress:
     """A bar on a terminal, log lines anywhere else (a pipe, a file, Airflow's task log)."""
     return TerminalProgress(out) if out.isatty() else LogProgress()
+
+
+def summary_table(report: Mapping[str, Any]) -> str:
+    """A run report (its JSON form) as a small two-column table for a human: the end of an
+    Airflow task log, where the one-line JSON is cut off by the log viewer."""
+    phases = report.get("phase_seconds") or {}
+    first, last = report.get("first_seq"), report.get("last_seq")
+    versions = report.get("delta_versions") or []
+    rows = [
+        ("stopped because", report.get("stopped_because")),
+        ("messages written", report.get("messages_written")),
+        ("dead letters", report.get("dead_letters")),
+        ("rounds", report.get("rounds")),
+        ("Delta versions", f"{versions[0]}..{versions[-1]} ({len(versions)})" if versions
+         else "none"),
+        ("seq range", f"{first}..{last}" if first is not None else "none"),
+        ("pending after", report.get("pending_after")),
+        ("ack-pending after", report.get("ack_pending_after")),
+        ("seconds", report.get("seconds")),
+        *((f"  {name}", seconds) for name, seconds in phases.items()),
+    ]
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows if value is not None)

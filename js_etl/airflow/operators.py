@@ -40,6 +40,7 @@ from js_etl.airflow.assets import target_asset
 from js_etl.airflow.hooks import JetStreamHook
 from js_etl.config import JobConfig, load_config
 from js_etl.errors import JsEtlError
+from js_etl.report import summary_table
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -273,10 +274,8 @@ class JetStreamToDeltaOperator(BaseOperator):
         finally:
             self._hook = None
             _remove(report_file, report_dir)
-        self.log.info("js-etl %s: %s messages (%s dead letters) in %s round(s) into %s; "
-                      "pending after: %s", self.job, report.get("messages_written"),
-                      report.get("dead_letters"), report.get("rounds"), report.get("target"),
-                      report.get("pending_after"))
+        self.log.info("js-etl %s into %s:\n%s", self.job, report.get("target"),
+                      summary_table(report))
         self._record_asset_events(context, config, report)
         return report
 

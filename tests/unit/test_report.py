@@ -7,7 +7,14 @@ import io
 import json
 import logging
 
-from js_etl.report import LogProgress, RunReport, StopReason, TerminalProgress, progress_for
+from js_etl.report import (
+    LogProgress,
+    RunReport,
+    StopReason,
+    TerminalProgress,
+    progress_for,
+    summary_table,
+)
 
 
 def report(**counts: object) -> RunReport:
@@ -55,3 +62,23 @@ def test_a_terminal_gets_the_bar_anything_else_log_lines():
 
     assert isinstance(progress_for(Tty()), TerminalProgress)
     assert isinstance(progress_for(io.StringIO()), LogProgress)
+
+
+def test_summary_table_is_what_a_task_log_ends_with():
+    r = report(messages_written=4995, dead_letters=5, rounds=3, delta_versions=[0, 1, 2],
+               first_seq=1, last_seq=5000, pending_after=0, ack_pending_after=0, seconds=19.5,
+               phase_seconds={"fetch": 4.0, "write": 9.5})
+    r.stopped_because = StopReason.DRAINED
+    assert summary_table(json.loads(r.to_json())).splitlines() == [
+        "stopped because    drained",
+        "messages written   4995",
+        "dead letters       5",
+        "rounds             3",
+        "Delta versions     0..2 (3)",
+        "seq range          1..5000",
+        "pending after      0",
+        "ack-pending after  0",
+        "seconds            19.5",
+        "  fetch            4.0",
+        "  write            9.5",
+    ]
