@@ -112,8 +112,8 @@ class LogProgress:
 
 
 class TerminalProgress:
-    """One line rewritten in place (``\\r``): messages done against the stream's last sequence
-    when the run started. For a person at a terminal; logs and Airflow get :class:`LogProgress`."""
+    """One line rewritten in place (``\\r``): messages done against the consumer's backlog when
+    the run started. For a person at a terminal; logs and Airflow get :class:`LogProgress`."""
 
     WIDTH = 30
 
