@@ -72,14 +72,23 @@ async def ensure_drain_consumer(admin: JetStreamAdmin, stream: str, desired: Con
     return info
 
 
-def consumer_add_command(stream: str, name: str, config: ConsumerConfig) -> str:
-    """The ``nats`` CLI command (v0.5) that creates the durable pull consumer a drain wants.
+def consumer_add_command(stream: str, name: str, config: ConsumerConfig, *,
+                         start_seq: int | None = None) -> str:
+    """The ``nats`` CLI command (v0.5) that creates the durable pull consumer ``config``
+    describes, starting at ``start_seq`` when given (else the stream's start).
     ``--defaults`` lets it run without a terminal (without it the CLI prompts, and fails)."""
-    parts = ["nats consumer add", stream, name, "--pull", "--ack explicit"]
+    parts = ["nats consumer add", stream, name, "--pull"]
+    if start_seq is not None:
+        parts.append(f"--deliver {start_seq}")
+    parts.append("--ack explicit")
     if config.ack_wait:
         parts.append(f"--wait {config.ack_wait:g}s")
     if config.max_ack_pending:
         parts.append(f"--max-pending {config.max_ack_pending}")
+    if start_seq is not None:
+        parts.append("--replay instant")
+    if config.max_deliver and config.max_deliver > 0:
+        parts.append(f"--max-deliver {config.max_deliver}")
     parts += [f"--filter {subject}" for subject in config.filter_subjects]
     parts.append("--defaults")
     return " ".join(parts)
@@ -88,20 +97,14 @@ def consumer_add_command(stream: str, name: str, config: ConsumerConfig) -> str:
 def consumer_add_command_at(stream: str, consumer: str, start_seq: int,
                             existing: ConsumerConfig | None, config: JobConfig) -> str:
     """The ``nats`` CLI command creating the drain's consumer to start at ``start_seq``, with
-    the settings it has (or that a drain would give it)."""
-    s = config.source
-    ack_wait = (existing.ack_wait if existing else None) or s.ack_wait or DEFAULT_ACK_WAIT
-    max_pending = ((existing.max_ack_pending if existing else None) or s.max_ack_pending
-                   or DEFAULT_MAX_ACK_PENDING)
-    filters = (existing.filter_subjects if existing else ()) or tuple(s.filter_subjects)
-    parts = ["nats consumer add", stream, consumer, "--pull", f"--deliver {start_seq}",
-             "--ack explicit", f"--wait {ack_wait:g}s", f"--max-pending {max_pending}",
-             "--replay instant"]
-    if existing and existing.max_deliver and existing.max_deliver > 0:
-        parts.append(f"--max-deliver {existing.max_deliver}")
-    parts += [f"--filter {subject}" for subject in filters]
-    parts.append("--defaults")
-    return " ".join(parts)
+    the settings it has (``existing``), else those a drain would give it."""
+    desired = desired_consumer(config)
+    if existing is not None:
+        desired = replace(desired, ack_wait=existing.ack_wait or desired.ack_wait,
+                          max_ack_pending=existing.max_ack_pending or desired.max_ack_pending,
+                          max_deliver=existing.max_deliver,
+                          filter_subjects=existing.filter_subjects or desired.filter_subjects)
+    return consumer_add_command(stream, consumer, desired, start_seq=start_seq)
 
 
 def drain_consumer_problems(config: ConsumerConfig, *, min_ack_wait: float,
