@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from js_etl.errors import TerminalError, TransientError
-from js_etl.spark.session import spark_jvm
+from js_etl.spark.session import hadoop_path, spark_jvm
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -251,9 +251,7 @@ def ack_keys(rows: DataFrame | None, *, seqs: DataFrame | None = None,
 
 def _list_dir(spark: SparkSession, path: str) -> list[str]:
     """Names in directory ``path`` through Hadoop's FileSystem ([] if it does not exist)."""
-    jvm = spark_jvm(spark)
-    hpath = jvm.org.apache.hadoop.fs.Path(path)
-    fs = hpath.getFileSystem(spark._jsc.hadoopConfiguration())
+    hpath, fs = hadoop_path(spark, path)
     if not fs.exists(hpath) or not fs.getFileStatus(hpath).isDirectory():
         return []
     return [str(status.getPath().getName()) for status in fs.listStatus(hpath)]
@@ -262,11 +260,10 @@ def _list_dir(spark: SparkSession, path: str) -> list[str]:
 def log_actions(spark: SparkSession, location: str, version: int) -> list[dict[str, Any]]:
     """The actions of commit ``version``, read from its log file on the driver through Hadoop's
     FileSystem (any store Spark can write; no Spark job)."""
-    jvm = spark_jvm(spark)
-    path = jvm.org.apache.hadoop.fs.Path(f"{location}/_delta_log/{version:020d}.json")
-    stream = path.getFileSystem(spark._jsc.hadoopConfiguration()).open(path)
+    path, fs = hadoop_path(spark, f"{location}/_delta_log/{version:020d}.json")
+    stream = fs.open(path)
     try:
-        text = str(jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
+        text = str(spark_jvm(spark).org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
     finally:
         stream.close()
     return [json.loads(line) for line in text.splitlines() if line.strip()]

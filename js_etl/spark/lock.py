@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from js_etl.errors import RunRefusedError, TerminalError
-from js_etl.spark.session import spark_jvm
+from js_etl.spark.session import hadoop_path, spark_jvm
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -261,10 +261,8 @@ class _HadoopFile:
     """The same operations through Spark's Hadoop FileSystem (s3a://, abfss://, hdfs://)."""
 
     def __init__(self, spark: SparkSession, path: str) -> None:
-        jvm = spark_jvm(spark)
-        self._jvm = jvm
-        self._path = jvm.org.apache.hadoop.fs.Path(path)
-        self._fs = self._path.getFileSystem(spark._jsc.hadoopConfiguration())
+        self._jvm = spark_jvm(spark)
+        self._path, self._fs = hadoop_path(spark, path)
         self.path = path
 
     def create_exclusive(self, data: bytes) -> bool:

@@ -112,3 +112,10 @@ def spark_jvm(spark: SparkSession) -> Any:
         raise TerminalError("this SparkSession has no JVM (Spark Connect?): js-etl needs a "
                             "classic Spark driver")
     return view
+
+
+def hadoop_path(spark: SparkSession, path: str) -> tuple[Any, Any]:
+    """``path`` as a Hadoop ``Path`` and the ``FileSystem`` that serves it, so the driver reads
+    and writes any store Spark can (file:, hdfs://, s3a://, abfss://) without a Spark job."""
+    hpath = spark_jvm(spark).org.apache.hadoop.fs.Path(path)
+    return hpath, hpath.getFileSystem(spark._jsc.hadoopConfiguration())
