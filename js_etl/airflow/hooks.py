@@ -33,6 +33,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowNotFoundException
 
 from js_etl.config import ENV_PREFIX, NatsConfig, TlsConfig
 from js_etl.config.values import as_url, with_port
@@ -181,14 +182,27 @@ class JetStreamHook(BaseHook):
         self.nats_conn_id = nats_conn_id
 
     # -- the one way in ---------------------------------------------------------------------
+    def _undefined(self) -> ConfigError:
+        """A missing connection needs a fix, not a retry: terminal, like every config error,
+        for the operator, the sensor and the trigger alike."""
+        return ConfigError(f"NATS connection {self.nats_conn_id!r} is not defined: add it "
+                           f"(Admin > Connections, or AIRFLOW_CONN_{self.nats_conn_id.upper()}) "
+                           "or pass the nats_conn_id of one that exists")
+
     def _resolved(self) -> _Resolved:
-        conn = self.get_connection(self.nats_conn_id)
+        try:
+            conn = self.get_connection(self.nats_conn_id)
+        except AirflowNotFoundException:
+            raise self._undefined() from None
         resolved = _resolve(self.nats_conn_id, conn, conn.extra_dejson)
         self._mask(resolved)
         return resolved
 
     async def _aresolved(self) -> _Resolved:
-        conn = await self.aget_connection(self.nats_conn_id)
+        try:
+            conn = await self.aget_connection(self.nats_conn_id)
+        except AirflowNotFoundException:
+            raise self._undefined() from None
         resolved = _resolve(self.nats_conn_id, conn, await conn.aextra_dejson())
         from airflow.sdk.log import amask_secret
 

@@ -32,7 +32,6 @@ from airflow.sdk import Asset, AssetAlias, BaseOperator
 from airflow.sdk.exceptions import (
     AirflowException,
     AirflowFailException,
-    AirflowNotFoundException,
 )
 
 import js_etl.jobs
@@ -251,7 +250,7 @@ class JetStreamToDeltaOperator(BaseOperator):
         user_env = {str(k): str(v) for k, v in (self.env_vars or {}).items()}
         try:
             job_env = JetStreamHook(self.nats_conn_id).job_environment()
-        except (JsEtlError, AirflowNotFoundException) as e:  # no retry can fix the connection
+        except JsEtlError as e:  # no retry can fix the connection (missing ones included)
             raise AirflowFailException(str(e)) from None
         config_path = os.path.abspath(self.config_path)
         # The job would refuse a bad config too, but only after Spark started: check it here

@@ -6,7 +6,6 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from airflow.sdk.exceptions import AirflowNotFoundException
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from js_etl.airflow.hooks import JetStreamHook
@@ -25,10 +24,9 @@ def error_payload(error: BaseException, *, stream: str, consumer: str) -> dict[s
         "consumer": consumer,
         "error": type(error).__name__,
         "message": f"{type(error).__name__}: {error}",
-        # Terminal js-etl errors (missing stream/consumer, refused credentials, a bad
-        # connection) and a missing Airflow connection need a fix; anything else (unreachable,
-        # leadership change) may pass.
-        "retryable": not isinstance(error, TerminalError | AirflowNotFoundException),
+        # Terminal js-etl errors (missing stream/consumer, refused credentials, a bad or
+        # missing connection) need a fix; anything else (unreachable, leadership change) may pass.
+        "retryable": not isinstance(error, TerminalError),
     }
 
 

@@ -110,6 +110,16 @@ def test_bad_connections_are_refused_with_a_fix(fields, expected):
     assert "p1234" not in str(caught.value) and "t1234" not in str(caught.value)
 
 
+def test_a_missing_connection_is_a_terminal_config_error_on_both_paths():
+    from js_etl.airflow import JetStreamHook
+
+    expected = "NATS connection 'no_such_connection' is not defined: add it"
+    with pytest.raises(ConfigError, match=expected):  # operator, sensor poke
+        JetStreamHook("no_such_connection").job_environment()
+    with pytest.raises(ConfigError, match=expected):  # the trigger, in the triggerer's loop
+        asyncio.run(JetStreamHook("no_such_connection").aconnection_options())
+
+
 def test_test_connection_reports_success_refused_credentials_and_unreachable(token_server):
     from js_etl.airflow import JetStreamHook
 
