@@ -71,7 +71,6 @@ from typing import TYPE_CHECKING, Any
 from js_etl.config import JobConfig
 from js_etl.durable.policy import consumer_add_command_at, source_stream_info
 from js_etl.errors import PurgedRangeError, RangeError
-from js_etl.instant import format_instant, parse_instant
 from js_etl.jetstream import (
     ConnectionOptions,
     ConsumerInfo,
@@ -79,13 +78,21 @@ from js_etl.jetstream import (
     StreamInfo,
     ack_prefix,
 )
-from js_etl.jetstream.admin import first_message_at_or_after
+
+# Re-exported (the explicit "as" form): tests and callers look times up through this module.
+from js_etl.jetstream.admin import first_message_at_or_after as first_message_at_or_after
 from js_etl.jetstream.errors import ConsumerNotFoundError
 from js_etl.report import RunReport, StopReason
 from js_etl.spark.decode import Decoder, with_partition_columns
 from js_etl.spark.delta import CommitTag, DeltaTarget, job_tables, merge_new_rows, same_table
 from js_etl.spark.fetch import RAW_DDL
-from js_etl.spark.read_range import RangeFetchPlan, fetch_range_partition
+from js_etl.spark.read_range import (
+    RangeFetchPlan,
+    RangeRequest,
+    fetch_range_partition,
+    resolve_sequences,
+    split_range,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -96,46 +103,10 @@ MIN_INACTIVE_THRESHOLD = 30.0  # seconds an abandoned ephemeral consumer outlive
 
 
 # --- the request and its resolution -------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class RangeRequest:
-    """What the user asked for: a start (sequence or time) and an optional end, inclusive."""
-
-    from_seq: int | None = None
-    to_seq: int | None = None
-    from_time: int | None = None  # ns since the epoch
-    to_time: int | None = None
-
-    @classmethod
-    def parse(cls, *, from_seq: int | None = None, to_seq: int | None = None,
-              from_time: str | None = None, to_time: str | None = None) -> RangeRequest:
-        """Check the flags' shape (no NATS needed); times are parsed here."""
-        if (from_seq is None) == (from_time is None):
-            raise RangeError("give exactly one start: --from-seq N or --from-time T")
-        if to_seq is not None and to_time is not None:
-            raise RangeError("give at most one end: --to-seq M or --to-time U")
-        for flag, value in (("--from-seq", from_seq), ("--to-seq", to_seq)):
-            if value is not None and value < 1:
-                raise RangeError(f"{flag} must be a stream sequence (1 or more), got {value}")
-        start = parse_instant(from_time, "--from-time") if from_time is not None else None
-        end = parse_instant(to_time, "--to-time") if to_time is not None else None
-        if from_seq is not None and to_seq is not None and to_seq < from_seq:
-            raise RangeError(f"empty range: --to-seq {to_seq} is before --from-seq {from_seq}")
-        if start is not None and end is not None and end < start:
-            raise RangeError(f"empty range: --to-time {format_instant(end)} is before "
-                             f"--from-time {format_instant(start)}")
-        return cls(from_seq, to_seq, start, end)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"from_seq": self.from_seq, "to_seq": self.to_seq,
-                "from_time": None if self.from_time is None else format_instant(self.from_time),
-                "to_time": None if self.to_time is None else format_instant(self.to_time)}
-
-    def describe(self) -> str:
-        d = self.as_dict()
-        start = f"seq {d['from_seq']}" if d["from_seq"] is not None else d["from_time"]
-        end = (f"seq {d['to_seq']}" if d["to_seq"] is not None
-               else d["to_time"] or "the stream's end")
-        return f"{start} .. {end}"
+# RangeRequest, resolve_sequences and split_range live with the range reader (read_range), which
+# the nats_jetstream data source shares; re-exported here for the CLI and existing callers.
+__all__ = ["Backfill", "BackfillPlan", "BackfillReport", "RangeRequest", "run_backfill",
+           "split_range"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,58 +128,9 @@ def resolve_range(js: JetStreamSession, config: JobConfig, request: RangeRequest
     """Turn the request into ``[lo, hi]``, with one clear error per impossible range."""
     source = config.source
     name = source.stream
-    stream = source_stream_info(js, name)
-    first, last = stream.state.first_seq, stream.state.last_seq
-    if last == 0:
-        raise RangeError(f"stream {name} is empty: nothing to backfill")
-    notes: list[str] = []
-
-    if request.from_time is not None:
-        found = js.run(first_message_at_or_after(js.admin, name,
-                                                 format_instant(request.from_time)))
-        if found is None:
-            raise RangeError(f"no message in stream {name} at or after "
-                             f"{format_instant(request.from_time)}: its last message is seq "
-                             f"{last}, stored at {_ts(stream.state.last_ts)}")
-        lo, stored = found
-        if lo == first and first > 1 and request.from_time < parse_instant(stored):
-            raise PurgedRangeError(
-                f"stream {name} no longer holds messages before seq {first} (purged or expired; "
-                f"seq {first} was stored at {stored}), so messages from "
-                f"{format_instant(request.from_time)} may be gone: start at --from-seq {first} "
-                f"(or --from-time {stored}) to backfill what is left")
-    else:
-        lo = int(request.from_seq or 0)
-    if lo > last:
-        raise RangeError(f"stream {name} ends at seq {last}: nothing at or after seq {lo}")
-
-    if request.to_time is not None:
-        after = js.run(first_message_at_or_after(js.admin, name,
-                                                 format_instant(request.to_time + 1)))
-        hi = after[0] - 1 if after is not None else last
-    else:
-        hi = request.to_seq if request.to_seq is not None else last
-    resolved = (lo, hi)
-
-    if hi < lo:
-        if request.from_time is not None and request.to_time is not None:
-            raise RangeError(f"no message in stream {name} between "
-                             f"{format_instant(request.from_time)} and "
-                             f"{format_instant(request.to_time)}")
-        raise RangeError(f"empty range: {request.describe()} resolves to seq {lo} .. seq {hi} "
-                         f"in stream {name}")
-    if lo < first:
-        gone = f"seqs {lo}..{min(hi, first - 1)}"
-        raise PurgedRangeError(
-            f"{gone} are no longer in stream {name} (purged or expired): the first available is "
-            f"seq {first}" + (f", stored at {_ts(stream.state.first_ts)}"
-                              if stream.state.first_ts else "")
-            + (f"; start at --from-seq {first}" if hi >= first else
-               "; the whole range is gone"))
-    if hi > last:
-        notes.append(f"end clamped from seq {hi} to seq {last}: the stream's last sequence when "
-                     "the backfill started")
-        hi = last
+    found = resolve_sequences(js, source_stream_info(js, name), request)
+    lo, hi, resolved, stream = found.lo, found.hi, found.resolved, found.stream
+    notes = list(found.notes)
 
     durable = _consumer_or_none(js, name, source.consumer)
     filters = tuple(source.filter_subjects) or (durable.config.filter_subjects if durable else ())
@@ -248,18 +170,6 @@ def _consumer_or_none(js: JetStreamSession, stream: str, consumer: str) -> Consu
         return js.consumer_info(stream, consumer)
     except ConsumerNotFoundError:
         return None
-
-
-def _ts(value: datetime | None) -> str:
-    return value.isoformat().replace("+00:00", "Z") if value else "?"
-
-
-def split_range(lo: int, hi: int, parts: int) -> list[tuple[int, int]]:
-    """``[lo, hi]`` as at most ``parts`` contiguous, disjoint, non-empty sub-ranges covering it."""
-    count = hi - lo + 1
-    parts = max(1, min(parts, count))
-    cuts = [lo + count * i // parts for i in range(parts + 1)]
-    return [(cuts[i], cuts[i + 1] - 1) for i in range(parts)]
 
 
 # --- the report ---------------------------------------------------------------------------------

@@ -1,0 +1,736 @@
+"""``spark.read.format("nats_jetstream")``: a batch Spark data source over a range of a stream.
+
+Built on Spark 4's Python Data Source API (``pyspark.sql.datasource``). After
+:func:`register` (once per SparkSession)::
+
+    df = (spark.read.format("nats_jetstream")
+          .option("servers", "nats://nats-1:4222").option("stream", "ORDERS")
+          .option("from_time", "2026-11-01T00:00:00Z").option("to_time", "2026-11-02T00:00:00Z")
+          .option("decode", "json").option("schema", "id BIGINT, kind STRING")
+          .load())
+
+How a read is planned, and why it is deterministic:
+
+* ``load()`` runs :meth:`NatsJetStreamSource.schema` in a Python worker on the driver. It checks
+  every option (a bad one fails here, naming it), connects, and resolves the range to stream
+  sequences with the backfill's resolver (:func:`~js_etl.spark.read_range.resolve_sequences`):
+  inclusive bounds, RFC 3339 times, the end defaulting to the stream's last sequence *now*.
+  Spark pickles the source after ``schema()``, so the resolved range travels with the DataFrame:
+  every action on it reads the same sequences, however much is published meanwhile.
+* Each action plans the scan: :meth:`NatsJetStreamReader.pushFilters` narrows that range with
+  predicates on ``seq`` and ``published_at`` (times become sequences through ``STREAM.MSG.GET``
+  with ``start_time``, as for ``from_time``) and turns predicates on ``subject`` into the
+  consumers' server-side filter. Pushed predicates are also applied exactly to every batch, so
+  the rows are what Spark's own filter would keep; they disappear from the physical plan's
+  ``Filter``.
+* :meth:`NatsJetStreamReader.partitions` cuts the range into contiguous sub-ranges;
+  :meth:`NatsJetStreamReader.read` reads one with :func:`~js_etl.spark.read_range.read_range` —
+  its own ephemeral, ack-none consumer, by position — so a retried or recomputed task reads the
+  same messages. No durable consumer is ever read or changed.
+
+Payloads are decoded on the executor, into the same columns as the drain's table; a payload
+that does not decode keeps its raw bytes in ``data`` and says why in ``error`` (null for good
+rows), so nothing is silently dropped.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, date, datetime
+from decimal import Decimal, InvalidOperation
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from js_etl.config.model import DecodeConfig, FetchConfig, NatsConfig, TlsConfig
+from js_etl.errors import ConfigError, JsEtlError, RangeError
+from js_etl.faults import fail_first_attempt
+from js_etl.instant import format_instant, parse_instant
+from js_etl.jetstream import ConnectionOptions, JetStreamSession, StreamInfo
+from js_etl.jetstream.admin import first_message_at_or_after
+from js_etl.jetstream.errors import StreamNotFoundError
+from js_etl.spark import decode as reasons
+from js_etl.spark.decode import ORIGIN_COLUMNS
+from js_etl.spark.read_range import (
+    RangeFetchPlan,
+    RangeRequest,
+    Spelling,
+    read_range,
+    resolve_sequences,
+    split_range,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.types import DataType, StructType
+
+try:  # pyspark is a dependency of js_etl.spark; the import is kept local to this module
+    from pyspark.sql.datasource import (
+        DataSource,
+        DataSourceReader,
+        EqualTo,
+        Filter,
+        GreaterThan,
+        GreaterThanOrEqual,
+        In,
+        InputPartition,
+        IsNotNull,
+        LessThan,
+        LessThanOrEqual,
+        StringStartsWith,
+    )
+except ImportError as e:  # pragma: no cover - pyspark < 4.1
+    raise ImportError(f"js_etl.spark.source needs pyspark >= 4.1 (pyspark.sql.datasource "
+                      f"with filter pushdown): {e}") from None
+
+NAME = "nats_jetstream"
+PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
+FAULT_PROPERTY = "js_etl.fault"  # sc.setLocalProperty: tests break a read task on purpose
+MIN_INACTIVE_THRESHOLD = 30.0  # seconds an abandoned ephemeral consumer outlives its task
+SPELLING = Spelling(what="read", cli=False)
+
+# option -> the config key that checks it (same kinds and rules as the job config's)
+_CONNECTION = {
+    "servers": "servers", "name": "name", "connect_timeout": "connect_timeout",
+    "domain": "domain", "creds_file": "creds_file", "nkey_seed_file": "nkey_seed_file",
+    "token_env": "token_env", "token_file": "token_file", "user": "user",
+    "password_env": "password_env", "password_file": "password_file",
+}
+_TLS = {"tls_ca_file": "ca_file", "tls_cert_file": "cert_file", "tls_key_file": "key_file"}
+_FETCH = {"partitions": "partitions", "batch": "batch", "max_bytes": "max_bytes",
+          "pull_timeout": "pull_timeout"}
+_DECODE = {"decode": "format", "schema": "schema", "keep_raw": "keep_raw"}
+_RANGE = ("from_seq", "to_seq", "from_time", "to_time")
+OPTIONS = (*_CONNECTION, *_TLS, "stream", "filter_subjects", *_RANGE, *_FETCH, *_DECODE)
+# Options are shown in query plans, the Spark UI and logs: a secret given as an option leaks.
+_SECRET_OPTIONS = {
+    "token": "token_env (name of an environment variable) or token_file",
+    "password": "password_env (name of an environment variable) or password_file",
+    "pass": "password_env (name of an environment variable) or password_file",
+    "nkey_seed": "nkey_seed_file (path of the seed file) or creds_file",
+    "seed": "nkey_seed_file (path of the seed file) or creds_file",
+    "nkey": "nkey_seed_file (path of the seed file) or creds_file",
+    "creds": "creds_file (path of the .creds file)",
+    "jwt": "creds_file (path of the .creds file)",
+    "user_jwt": "creds_file (path of the .creds file)",
+}
+_SECRET_VALUE = re.compile(r"-----BEGIN NATS USER JWT-----|^S[A-Z]A[A-Z2-7]{50,}$", re.M)
+
+
+def register(spark: SparkSession) -> None:
+    """Make ``spark.read.format("nats_jetstream")`` available in this SparkSession.
+
+    Also turns on ``spark.sql.python.filterPushdown.enabled`` for the session (off by default in
+    Spark 4.2; a Python source that implements pushdown is refused while it is off). It affects
+    only Python data sources.
+    """
+    spark.dataSource.register(NatsJetStreamSource)
+    spark.conf.set(PUSHDOWN_CONF, "true")
+
+
+# --- options --------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class SourceOptions:
+    """The checked options of one read (no NATS needed to build them)."""
+
+    nats: NatsConfig
+    stream: str
+    filter_subjects: tuple[str, ...]
+    request: RangeRequest
+    fetch: FetchConfig
+    decode: DecodeConfig
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> SourceOptions:
+        given = {k.lower(): v for k, v in options.items() if k.lower() != "path"}
+        for key, value in given.items():
+            if key in _SECRET_OPTIONS:
+                raise ConfigError(
+                    f"option {key!r} is refused: options are visible in query plans, the Spark "
+                    f"UI and logs, so a secret must not be one; use {_SECRET_OPTIONS[key]}")
+            if key not in OPTIONS:
+                close = difflib.get_close_matches(key, OPTIONS, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ConfigError(f"unknown option {key!r}{hint}; options: {', '.join(OPTIONS)}")
+            if _SECRET_VALUE.search(str(value)):
+                raise ConfigError(
+                    f"option {key!r} looks like a credential itself (a JWT or an nkey seed): "
+                    "options are visible in query plans, the Spark UI and logs; give the path "
+                    "of the file instead (creds_file, nkey_seed_file)")
+        stream = given.get("stream")
+        if not stream:
+            raise ConfigError("option 'stream' is required: the stream to read")
+        with _naming_options():
+            nats = NatsConfig(**{_CONNECTION[k]: _typed(v) for k, v in given.items()
+                                 if k in _CONNECTION},
+                              tls=TlsConfig(**{_TLS[k]: v for k, v in given.items()
+                                               if k in _TLS}))
+            fetch = FetchConfig(**{_FETCH[k]: _typed(v) for k, v in given.items()
+                                   if k in _FETCH})
+            decoding: dict[str, Any] = {_DECODE[k]: v if k != "keep_raw" else _typed(v)
+                                        for k, v in given.items() if k in _DECODE}
+            # Its checks name clashes with js-etl's columns; Spark itself parses the DDL when
+            # load() gets the schema (a Python worker has no SparkContext to parse it with).
+            decode = DecodeConfig(**decoding)
+        filters = tuple(s.strip() for s in given.get("filter_subjects", "").split(",")
+                        if s.strip())
+        return cls(nats, stream, filters, _request(given), fetch, decode)
+
+
+def _typed(text: str) -> Any:
+    """Option values are strings; read them as the YAML config reads env/--set values."""
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def _request(given: Mapping[str, str]) -> RangeRequest:
+    seqs: dict[str, int | None] = {}
+    for key in ("from_seq", "to_seq"):
+        text = given.get(key)
+        if text is None:
+            seqs[key] = None
+        elif not text.strip().isdigit() or int(text) < 1:
+            raise RangeError(f"option {key} must be a stream sequence (1 or more), got {text!r}")
+        else:
+            seqs[key] = int(text)
+    times = {k: parse_instant(given[k], f"option {k}") if k in given else None
+             for k in ("from_time", "to_time")}
+    if seqs["from_seq"] is not None and times["from_time"] is not None:
+        raise RangeError("give at most one start: from_seq or from_time")
+    if seqs["to_seq"] is not None and times["to_time"] is not None:
+        raise RangeError("give at most one end: to_seq or to_time")
+    lo, hi = seqs["from_seq"], seqs["to_seq"]
+    if lo is not None and hi is not None and hi < lo:
+        raise RangeError(f"empty range: to_seq {hi} is before from_seq {lo}")
+    start, end = times["from_time"], times["to_time"]
+    if start is not None and end is not None and end < start:
+        raise RangeError(f"empty range: to_time {format_instant(end)} is before from_time "
+                         f"{format_instant(start)}")
+    return RangeRequest(lo, hi, start, end)
+
+
+_CONFIG_KEYS = {**{f"nats.{v}": k for k, v in _CONNECTION.items()},
+                **{f"nats.tls.{v}": k for k, v in _TLS.items()},
+                **{f"fetch.{v}": k for k, v in _FETCH.items()},
+                **{f"decode.{v}": k for k, v in _DECODE.items()}}
+_CONFIG_KEY = re.compile("|".join(re.escape(k) for k in sorted(_CONFIG_KEYS, key=len,
+                                                                reverse=True)))
+
+
+class _naming_options:
+    """Rewrite the config's key names (``nats.token_env``) in errors as option names."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 tb: object) -> None:
+        if isinstance(error, ConfigError):
+            text = _CONFIG_KEY.sub(lambda m: f"option {_CONFIG_KEYS[m.group(0)]}", str(error))
+            raise type(error)(text.replace("--set ", "")) from None
+
+
+# --- schema ---------------------------------------------------------------------------------
+ORIGIN_DDL = ("subject STRING, stream STRING, seq BIGINT, consumer_seq BIGINT, "
+              "num_delivered BIGINT, published_at TIMESTAMP, headers MAP<STRING, ARRAY<STRING>>")
+
+
+def schema_ddl(decode: DecodeConfig) -> str:
+    """The drain's table columns for this decode (origin, then payload), ``data`` (raw bytes of
+    rows that did not decode, or of every row with raw/keep_raw), then ``error``."""
+    payload = {"raw": "data BINARY", "text": "text STRING, data BINARY",
+               "json": f"{decode.schema}, data BINARY"}[decode.format]
+    return f"{ORIGIN_DDL}, {payload}, error STRING"
+
+
+# --- the plan that travels to the executors -------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Pushed:
+    """What the predicates pushed into the scan narrowed (exact, applied to every batch too)."""
+
+    lo: int | None = None  # seq >= lo
+    hi: int | None = None  # seq <= hi
+    time_from: datetime | None = None  # published_at >= (microseconds, as Spark compares)
+    time_after: datetime | None = None  # published_at >
+    time_before: datetime | None = None  # published_at <
+    time_until: datetime | None = None  # published_at <=
+    subjects: tuple[str, ...] | None = None  # subject IN (…)
+    subject_prefix: str | None = None  # subject LIKE 'prefix%'
+
+
+@dataclass(frozen=True, slots=True)
+class ReadPlan:
+    """One read: the range resolved when the DataFrame was created, and how to read it."""
+
+    options: ConnectionOptions
+    stream: str
+    lo: int
+    hi: int
+    filter_subjects: tuple[str, ...]
+    batch: int
+    max_bytes: int
+    pull_timeout: float
+    partitions: int
+    decode: DecodeConfig
+    notes: tuple[str, ...] = ()
+    pushed: Pushed = field(default_factory=Pushed)
+    payload_json: str | None = None  # json: the payload's StructType, as Spark parsed it
+
+
+class NatsJetStreamSource(DataSource):
+    """``spark.read.format("nats_jetstream")``; see the module docstring and the README."""
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self) -> str:
+        # Called once, by load(): plan here so errors come when the DataFrame is created, and
+        # the resolved range is pickled with this source for every later action.
+        parsed = SourceOptions.parse(self.options)
+        self._plan = plan_read(parsed)
+        return schema_ddl(parsed.decode)
+
+    def reader(self, schema: StructType) -> NatsJetStreamReader:
+        plan: ReadPlan | None = getattr(self, "_plan", None)
+        if plan is None:  # a schema given with .schema(...): schema() was never called
+            raise ConfigError("the nats_jetstream source makes its own schema: do not pass "
+                              ".schema(...); use the options decode and schema")
+        if plan.decode.format == "json":
+            # The payload columns as Spark parsed them: the executors decode into these types.
+            from pyspark.sql.types import StructType
+
+            payload = StructType(schema.fields[len(ORIGIN_COLUMNS):-2])
+            plan = replace(plan, payload_json=payload.json())
+        return NatsJetStreamReader(plan)
+
+
+def plan_read(parsed: SourceOptions) -> ReadPlan:
+    """Resolve the range on the driver (NATS only): one clear error per impossible read."""
+    options = parsed.nats.connection_options()
+    options.check_files()
+    with JetStreamSession(options) as js:
+        stream = _stream_info(js, parsed.stream)
+        found = resolve_sequences(js, stream, parsed.request, SPELLING)
+    fetch = parsed.fetch
+    return ReadPlan(options=options, stream=parsed.stream, lo=found.lo, hi=found.hi,
+                    filter_subjects=parsed.filter_subjects, batch=fetch.batch,
+                    max_bytes=fetch.max_bytes, pull_timeout=fetch.pull_timeout,
+                    partitions=fetch.partitions, decode=parsed.decode, notes=found.notes)
+
+
+def _stream_info(js: JetStreamSession, name: str) -> StreamInfo:
+    try:
+        return js.stream_info(name)
+    except StreamNotFoundError as e:
+        raise StreamNotFoundError(f"stream {name!r} not found: check the option stream "
+                                  f"(server said: {e.description})", code=e.code,
+                                  err_code=e.err_code) from None
+
+
+# --- pushdown -------------------------------------------------------------------------------
+_COMPARISONS = (EqualTo, GreaterThan, GreaterThanOrEqual, LessThan, LessThanOrEqual)
+
+
+class NatsJetStreamReader(DataSourceReader):
+    def __init__(self, plan: ReadPlan) -> None:
+        self.plan = plan
+
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
+        """Take predicates on ``seq``, ``published_at`` and ``subject``; give back the rest."""
+        pushed = self.plan.pushed
+        rest: list[Filter] = []
+        for f in filters:
+            column = getattr(f, "attribute", None)
+            taken = None
+            if column == ("seq",) and isinstance(f, (*_COMPARISONS, In)):
+                taken = _push_seq(pushed, f)
+            elif column == ("published_at",) and isinstance(f, _COMPARISONS):
+                taken = _push_time(pushed, f)
+            elif column == ("subject",) and isinstance(f, (EqualTo, In, StringStartsWith)):
+                taken = _push_subject(pushed, f)
+            elif column in (("seq",), ("published_at",), ("subject",)) \
+                    and isinstance(f, IsNotNull):
+                taken = pushed  # never null
+            if taken is None or isinstance(f, In):
+                rest.append(f)  # an IN list only narrows the range: Spark still checks it
+            if taken is not None:
+                pushed = taken
+        self.plan = _narrowed(replace(self.plan, pushed=pushed))
+        return rest
+
+    def partitions(self) -> Sequence[InputPartition]:
+        plan = self.plan
+        if plan.hi < plan.lo:
+            return [InputPartition(None)]  # the predicates leave nothing to read
+        return [InputPartition(bounds) for bounds in split_range(plan.lo, plan.hi,
+                                                                 plan.partitions)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if partition.value is None:
+            return
+        from pyspark import TaskContext
+
+        # Test-only fault point (js_etl.faults), armed by the driver thread's local property
+        # so it never appears among the options (plans, UI) and cannot be set by accident.
+        context = TaskContext.get()
+        fault = context.getLocalProperty(FAULT_PROPERTY) if context is not None else None
+        for batch in read_partition(self.plan, partition.value):
+            yield batch
+            fail_first_attempt("fail_fetch_task", fault)
+
+
+def _push_seq(pushed: Pushed, f: Filter) -> Pushed | None:
+    value = getattr(f, "value", None)
+    if isinstance(f, In):
+        if not f.value or not all(isinstance(v, int) for v in f.value):
+            return None
+        return _bounds(pushed, min(f.value), max(f.value))
+    if not isinstance(value, int) or isinstance(value, bool):
+        return None
+    lo, hi = {EqualTo: (value, value), GreaterThan: (value + 1, None),
+              GreaterThanOrEqual: (value, None), LessThan: (None, value - 1),
+              LessThanOrEqual: (None, value)}[type(f)]
+    return _bounds(pushed, lo, hi)
+
+
+def _bounds(pushed: Pushed, lo: int | None, hi: int | None) -> Pushed:
+    if lo is not None:
+        pushed = replace(pushed, lo=lo if pushed.lo is None else max(lo, pushed.lo))
+    if hi is not None:
+        pushed = replace(pushed, hi=hi if pushed.hi is None else min(hi, pushed.hi))
+    return pushed
+
+
+def _push_time(pushed: Pushed, f: Filter) -> Pushed | None:
+    value = getattr(f, "value", None)
+    if not isinstance(value, datetime):
+        return None
+    if value.tzinfo is None:  # Spark hands TIMESTAMP literals in the session zone; assume UTC
+        value = value.replace(tzinfo=UTC)
+    value = value.astimezone(UTC)
+    if isinstance(f, EqualTo):
+        return replace(pushed, time_from=_later(pushed.time_from, value),
+                       time_until=_earlier(pushed.time_until, value))
+    if isinstance(f, GreaterThan):
+        return replace(pushed, time_after=_later(pushed.time_after, value))
+    if isinstance(f, GreaterThanOrEqual):
+        return replace(pushed, time_from=_later(pushed.time_from, value))
+    if isinstance(f, LessThan):
+        return replace(pushed, time_before=_earlier(pushed.time_before, value))
+    return replace(pushed, time_until=_earlier(pushed.time_until, value))
+
+
+def _later(a: datetime | None, b: datetime) -> datetime:
+    return b if a is None else max(a, b)
+
+
+def _earlier(a: datetime | None, b: datetime) -> datetime:
+    return b if a is None else min(a, b)
+
+
+def _push_subject(pushed: Pushed, f: Filter) -> Pushed | None:
+    if isinstance(f, StringStartsWith):
+        if pushed.subject_prefix is not None and not f.value.startswith(pushed.subject_prefix):
+            return None  # two prefixes: keep the first, let Spark check the second
+        return replace(pushed, subject_prefix=f.value)
+    values = (f.value,) if isinstance(f, EqualTo) else tuple(getattr(f, "value", ()))
+    if not values or not all(isinstance(v, str) for v in values):
+        return None
+    if pushed.subjects is not None:
+        values = tuple(v for v in values if v in pushed.subjects)
+    return replace(pushed, subjects=values)
+
+
+_MICRO = 1000  # ns per µs: Spark timestamps are microseconds, stream times nanoseconds
+
+
+def _ns(moment: datetime) -> int:
+    return parse_instant(moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
+
+
+def _narrowed(plan: ReadPlan) -> ReadPlan:
+    """The plan's range narrowed by what was pushed: sequences directly, times through
+    ``STREAM.MSG.GET`` (the first message stored at or after a time), subjects as the
+    consumers' filter. A row's ``published_at`` is its stream time truncated to microseconds,
+    so ``published_at >= T`` holds exactly for stream times >= T (µs) and ``published_at > T``
+    for stream times >= T + 1 µs."""
+    p = plan.pushed
+    lo, hi = plan.lo, plan.hi
+    if p.lo is not None:
+        lo = max(lo, p.lo)
+    if p.hi is not None:
+        hi = min(hi, p.hi)
+    starts = [_ns(t) for t in (p.time_from,) if t is not None]
+    starts += [_ns(t) + _MICRO for t in (p.time_after,) if t is not None]
+    ends = [_ns(t) for t in (p.time_before,) if t is not None]  # first stored at/after: excluded
+    ends += [_ns(t) + _MICRO for t in (p.time_until,) if t is not None]
+    if (starts or ends) and lo <= hi:
+        with JetStreamSession(plan.options) as js:
+            for start in starts:
+                found = js.run(first_message_at_or_after(js.admin, plan.stream,
+                                                         format_instant(start)))
+                lo = max(lo, found[0]) if found is not None else hi + 1
+            for end in ends:
+                found = js.run(first_message_at_or_after(js.admin, plan.stream,
+                                                         format_instant(end)))
+                if found is not None:
+                    hi = min(hi, found[0] - 1)
+    filters = plan.filter_subjects
+    narrowed = p.subjects if p.subjects is not None else (
+        (f"{p.subject_prefix}>",) if p.subject_prefix and p.subject_prefix.endswith(".")
+        and not any(c in p.subject_prefix for c in "*> ") else None)
+    if narrowed is not None:
+        # Server-side filter: the pushed subjects that the option's own filter lets through.
+        kept = tuple(s for s in narrowed if not filters or any(
+            subject_matches(s, f) for f in filters))
+        if not kept:
+            hi = lo - 1  # nothing can match both
+        filters = kept
+    return replace(plan, lo=lo, hi=hi, filter_subjects=filters)
+
+
+def subject_matches(subject: str, pattern: str) -> bool:
+    """Whether every subject ``subject`` (itself possibly a wildcard filter) matches lies
+    within NATS filter ``pattern`` (``*`` one token, ``>`` one or more at the end)."""
+    tokens, wanted = subject.split("."), pattern.split(".")
+    for i, want in enumerate(wanted):
+        if want == ">":
+            return len(tokens) > i
+        if i >= len(tokens) or (want != "*" and want != tokens[i]) or \
+                (want == "*" and tokens[i] == ">"):
+            return False
+    return len(tokens) == len(wanted)
+
+
+# --- the executor side ----------------------------------------------------------------------
+def read_partition(plan: ReadPlan, bounds: tuple[int, int]) -> Iterator[pa.RecordBatch]:
+    """Sub-range ``bounds`` through the shared range reader, pushed predicates applied exactly,
+    payloads decoded."""
+    import uuid
+
+    fetch = RangeFetchPlan(
+        options=plan.options, stream=plan.stream, name_prefix=f"jsetl_rd_{uuid.uuid4().hex[:8]}",
+        bounds=(bounds,), filter_subjects=plan.filter_subjects, batch=plan.batch,
+        max_bytes=plan.max_bytes, pull_timeout=plan.pull_timeout,
+        inactive_threshold=max(MIN_INACTIVE_THRESHOLD, 6 * plan.pull_timeout))
+    decoder = BatchDecoder.of(plan.decode, plan.payload_json)
+    for batch in read_range(fetch, 0):
+        batch = _apply_pushed(batch, plan.pushed)
+        if batch.num_rows:
+            yield decoder(batch)
+
+
+def _apply_pushed(batch: pa.RecordBatch, p: Pushed) -> pa.RecordBatch:
+    mask = None
+
+    def both(cond: pa.Array) -> None:
+        nonlocal mask
+        mask = cond if mask is None else pc.and_(mask, cond)
+
+    published = batch.column("published_at")
+    for moment, op in ((p.time_from, pc.greater_equal), (p.time_after, pc.greater),
+                       (p.time_before, pc.less), (p.time_until, pc.less_equal)):
+        if moment is not None:
+            both(op(published, pa.scalar(moment, published.type)))
+    subjects = batch.column("subject")
+    if p.subjects is not None:
+        both(pc.is_in(subjects, value_set=pa.array(p.subjects, pa.string())))
+    if p.subject_prefix is not None:
+        both(pc.starts_with(subjects, p.subject_prefix))
+    return batch if mask is None else batch.filter(mask)
+
+
+@dataclass(frozen=True)
+class BatchDecoder:
+    """Raw fetched batch (:data:`js_etl.spark.fetch.ARROW_SCHEMA`) -> the source's columns."""
+
+    decode: DecodeConfig
+    spark_type: Any = None  # json: the schema's StructType
+    arrow_type: Any = None  # json: its Arrow struct type
+
+    @classmethod
+    def of(cls, decode: DecodeConfig, payload_json: str | None) -> BatchDecoder:
+        if decode.format != "json":
+            return cls(decode)
+        from pyspark.sql.pandas.types import to_arrow_type
+        from pyspark.sql.types import StructType
+
+        spark_type = StructType.fromJson(json.loads(payload_json or "{}"))
+        return cls(decode, spark_type, to_arrow_type(spark_type, timezone="UTC"))
+
+    def __call__(self, raw: pa.RecordBatch) -> pa.RecordBatch:
+        origin = [raw.column(i) for i in range(7)]
+        # An ephemeral consumer's sequence depends on where a partition starts: null, so the rows
+        # of a range do not depend on how it was split (the drain's rows keep their durable's).
+        origin[3] = pa.nulls(raw.num_rows, pa.int64())
+        names = list(raw.schema.names[:7])
+        data, utf8 = raw.column("data"), raw.column("data_is_utf8")
+        no_error = pa.nulls(raw.num_rows, pa.string())
+        if self.decode.format == "raw":
+            return pa.RecordBatch.from_arrays([*origin, data, no_error],
+                                              names=[*names, "data", "error"])
+        if self.decode.format == "text":
+            bad = pc.invert(utf8)
+            nothing = pa.nulls(raw.num_rows, pa.binary())
+            text = pc.if_else(utf8, data, nothing).cast(pa.string())  # invalid ones nulled first
+            return pa.RecordBatch.from_arrays(
+                [*origin, text, pc.if_else(bad, data, nothing),
+                 pc.if_else(bad, pa.scalar(reasons.NOT_UTF8), no_error)],
+                names=[*names, "text", "data", "error"])
+        return self._json(raw, origin, names)
+
+    def _json(self, raw: pa.RecordBatch, origin: list[pa.Array], names: list[str]
+              ) -> pa.RecordBatch:
+        fields = self.spark_type.fieldNames()
+        rows: list[dict[str, Any] | None] = []
+        errors: list[str | None] = []
+        for payload, is_utf8 in zip(raw.column("data").to_pylist(),
+                                    raw.column("data_is_utf8").to_pylist(), strict=True):
+            row, error = decode_json(payload, is_utf8, self.spark_type, self.decode)
+            rows.append(row)
+            errors.append(error)
+        struct = pa.array(rows, self.arrow_type)
+        error_array = pa.array(errors, pa.string())
+        good = pc.is_null(error_array)
+        data = raw.column("data") if self.decode.keep_raw else pc.if_else(
+            good, pa.nulls(raw.num_rows, pa.binary()), raw.column("data"))
+        columns = struct.flatten()  # children with the rows' nulls (struct.field ignores them)
+        return pa.RecordBatch.from_arrays([*origin, *columns, data, error_array],
+                                          names=[*names, *fields, "data", "error"])
+
+
+class _Mismatch(Exception):
+    pass
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def decode_json(payload: bytes, is_utf8: bool, schema: StructType, decode: DecodeConfig
+                ) -> tuple[dict[str, Any] | None, str | None]:
+    """One payload -> (row, None) or (None, reason): exactly one JSON object matching the
+    schema, with the drain's dead-letter reasons for the shapes it names."""
+    if not is_utf8:
+        return None, reasons.NOT_UTF8
+    if not payload:
+        return None, reasons.EMPTY
+    text = payload.decode("utf-8")
+    stripped = text.lstrip(" \t\n\r")
+    if not stripped:
+        return None, reasons.WHITESPACE
+    try:
+        value = json.loads(text, parse_constant=_reject_constant)
+    except ValueError as e:
+        if "Extra data" in str(e):
+            return None, reasons.TRAILING
+        return None, (reasons.MALFORMED if stripped[0] in reasons._VALUE_STARTS
+                      else reasons.NOT_JSON)
+    if isinstance(value, list):
+        return None, reasons.ARRAY
+    if not isinstance(value, dict):
+        kind = ("string" if isinstance(value, str) else "boolean" if isinstance(value, bool)
+                else "null" if value is None else "number")
+        return None, (f"payload is a JSON {kind}, not an object: decode.schema describes one "
+                      "JSON object per message")
+    try:
+        row = _convert(value, schema)
+    except _Mismatch:
+        return None, f"JSON does not match decode.schema ({decode.schema})"
+    if not decode.keep_raw and value and not any(k in value for k in schema.fieldNames()):
+        return None, (f"JSON object has none of decode.schema's fields (it has: "
+                      f"{', '.join(list(value)[:10])}); fix the schema, or set keep_raw to "
+                      "keep such payloads in the row")
+    return row, None
+
+
+def _convert(value: Any, dt: DataType) -> Any:
+    """A parsed JSON value as the Python value of Spark type ``dt``, or _Mismatch."""
+    from pyspark.sql import types as T
+
+    if value is None:
+        return None
+    if isinstance(dt, T.StructType):
+        if not isinstance(value, dict):
+            raise _Mismatch
+        return {f.name: _convert(value.get(f.name), f.dataType) for f in dt.fields}
+    if isinstance(dt, T.ArrayType):
+        if not isinstance(value, list):
+            raise _Mismatch
+        return [_convert(v, dt.elementType) for v in value]
+    if isinstance(dt, T.MapType):
+        if not isinstance(value, dict) or not isinstance(dt.keyType, T.StringType):
+            raise _Mismatch
+        return [(k, _convert(v, dt.valueType)) for k, v in value.items()]
+    if isinstance(dt, T.StringType):
+        # Like Spark's from_json: a non-string value becomes its JSON text.
+        return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+    if isinstance(dt, T.BooleanType):
+        if not isinstance(value, bool):
+            raise _Mismatch
+        return value
+    if isinstance(value, bool):
+        raise _Mismatch
+    if isinstance(dt, (T.ByteType, T.ShortType, T.IntegerType, T.LongType)):
+        bits = {T.ByteType: 8, T.ShortType: 16, T.IntegerType: 32, T.LongType: 64}[type(dt)]
+        if not isinstance(value, int) or not -(2 ** (bits - 1)) <= value < 2 ** (bits - 1):
+            raise _Mismatch
+        return value
+    if isinstance(dt, (T.FloatType, T.DoubleType)):
+        if not isinstance(value, (int, float)):
+            raise _Mismatch
+        return float(value)
+    if isinstance(dt, T.DecimalType):
+        if not isinstance(value, (int, float)):
+            raise _Mismatch
+        try:
+            number = Decimal(str(value)).quantize(Decimal(1).scaleb(-dt.scale))
+        except InvalidOperation:
+            raise _Mismatch from None
+        if len(number.as_tuple().digits) > dt.precision:
+            raise _Mismatch
+        return number
+    if isinstance(dt, (T.TimestampType, T.TimestampNTZType, T.DateType)) \
+            and isinstance(value, str):
+        try:
+            ns = parse_instant(value)
+        except JsEtlError:
+            raise _Mismatch from None
+        moment = datetime.fromtimestamp(ns // 1_000_000_000, UTC).replace(
+            microsecond=ns % 1_000_000_000 // 1000)
+        if isinstance(dt, T.DateType):
+            return date(moment.year, moment.month, moment.day)
+        return moment.replace(tzinfo=None) if isinstance(dt, T.TimestampNTZType) else moment
+    raise _Mismatch
+
+
+def load_error(error: BaseException) -> JsEtlError | None:
+    """The js-etl error inside a Spark exception from ``load()``/an action, or None.
+
+    Spark wraps what a Python data source raises in its own exception whose text carries the
+    worker's traceback; its ``js_etl.errors.X: message`` line is the one line that says why."""
+    from js_etl import errors
+    from js_etl.jetstream import errors as jetstream_errors
+
+    match = re.search(r"^js_etl\.(?:jetstream\.)?errors\.(\w+): (.*)$", str(error), re.M)
+    if match is None:
+        return None
+    kind = getattr(errors, match.group(1), None) or getattr(jetstream_errors, match.group(1),
+                                                            None)
+    text = re.sub(r" SQLSTATE: \w+$", "", match.group(2))
+    if not (isinstance(kind, type) and issubclass(kind, JsEtlError)):
+        return None
+    try:
+        return kind(text)
+    except TypeError:
+        return JsEtlError(text)
