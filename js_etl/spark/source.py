@@ -36,12 +36,10 @@ rows), so nothing is silently dropped.
 from __future__ import annotations
 
 import difflib
-import json
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, date, datetime
-from decimal import Decimal, InvalidOperation
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -54,7 +52,6 @@ from js_etl.instant import format_instant, parse_instant
 from js_etl.jetstream import ConnectionOptions, JetStreamSession, StreamInfo
 from js_etl.jetstream.admin import first_message_at_or_after
 from js_etl.jetstream.errors import StreamNotFoundError
-from js_etl.spark import decode as reasons
 from js_etl.spark.decode import ORIGIN_COLUMNS
 from js_etl.spark.read_range import (
     RangeFetchPlan,
@@ -64,10 +61,11 @@ from js_etl.spark.read_range import (
     resolve_sequences,
     split_range,
 )
+from js_etl.spark.source_decode import BatchDecoder
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-    from pyspark.sql.types import DataType, StructType
+    from pyspark.sql.types import StructType
 
 try:  # pyspark is a dependency of js_etl.spark; the import is kept local to this module
     from pyspark.sql.datasource import (
@@ -548,170 +546,6 @@ def _apply_pushed(batch: pa.RecordBatch, p: Pushed) -> pa.RecordBatch:
     if p.subject_prefix is not None:
         both(pc.starts_with(subjects, p.subject_prefix))
     return batch if mask is None else batch.filter(mask)
-
-
-@dataclass(frozen=True)
-class BatchDecoder:
-    """Raw fetched batch (:data:`js_etl.spark.fetch.ARROW_SCHEMA`) -> the source's columns."""
-
-    decode: DecodeConfig
-    spark_type: Any = None  # json: the schema's StructType
-    arrow_type: Any = None  # json: its Arrow struct type
-
-    @classmethod
-    def of(cls, decode: DecodeConfig, payload_json: str | None) -> BatchDecoder:
-        if decode.format != "json":
-            return cls(decode)
-        from pyspark.sql.pandas.types import to_arrow_type
-        from pyspark.sql.types import StructType
-
-        spark_type = StructType.fromJson(json.loads(payload_json or "{}"))
-        return cls(decode, spark_type, to_arrow_type(spark_type, timezone="UTC"))
-
-    def __call__(self, raw: pa.RecordBatch) -> pa.RecordBatch:
-        origin = [raw.column(i) for i in range(7)]
-        # An ephemeral consumer's sequence depends on where a partition starts: null, so the rows
-        # of a range do not depend on how it was split (the drain's rows keep their durable's).
-        origin[3] = pa.nulls(raw.num_rows, pa.int64())
-        names = list(raw.schema.names[:7])
-        data, utf8 = raw.column("data"), raw.column("data_is_utf8")
-        no_error = pa.nulls(raw.num_rows, pa.string())
-        if self.decode.format == "raw":
-            return pa.RecordBatch.from_arrays([*origin, data, no_error],
-                                              names=[*names, "data", "error"])
-        if self.decode.format == "text":
-            bad = pc.invert(utf8)
-            nothing = pa.nulls(raw.num_rows, pa.binary())
-            text = pc.if_else(utf8, data, nothing).cast(pa.string())  # invalid ones nulled first
-            return pa.RecordBatch.from_arrays(
-                [*origin, text, pc.if_else(bad, data, nothing),
-                 pc.if_else(bad, pa.scalar(reasons.NOT_UTF8), no_error)],
-                names=[*names, "text", "data", "error"])
-        return self._json(raw, origin, names)
-
-    def _json(self, raw: pa.RecordBatch, origin: list[pa.Array], names: list[str]
-              ) -> pa.RecordBatch:
-        fields = self.spark_type.fieldNames()
-        rows: list[dict[str, Any] | None] = []
-        errors: list[str | None] = []
-        for payload, is_utf8 in zip(raw.column("data").to_pylist(),
-                                    raw.column("data_is_utf8").to_pylist(), strict=True):
-            row, error = decode_json(payload, is_utf8, self.spark_type, self.decode)
-            rows.append(row)
-            errors.append(error)
-        struct = pa.array(rows, self.arrow_type)
-        error_array = pa.array(errors, pa.string())
-        good = pc.is_null(error_array)
-        data = raw.column("data") if self.decode.keep_raw else pc.if_else(
-            good, pa.nulls(raw.num_rows, pa.binary()), raw.column("data"))
-        columns = struct.flatten()  # children with the rows' nulls (struct.field ignores them)
-        return pa.RecordBatch.from_arrays([*origin, *columns, data, error_array],
-                                          names=[*names, *fields, "data", "error"])
-
-
-class _Mismatch(Exception):
-    pass
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def decode_json(payload: bytes, is_utf8: bool, schema: StructType, decode: DecodeConfig
-                ) -> tuple[dict[str, Any] | None, str | None]:
-    """One payload -> (row, None) or (None, reason): exactly one JSON object matching the
-    schema, with the drain's dead-letter reasons for the shapes it names."""
-    if not is_utf8:
-        return None, reasons.NOT_UTF8
-    if not payload:
-        return None, reasons.EMPTY
-    text = payload.decode("utf-8")
-    stripped = text.lstrip(" \t\n\r")
-    if not stripped:
-        return None, reasons.WHITESPACE
-    try:
-        value = json.loads(text, parse_constant=_reject_constant)
-    except ValueError as e:
-        if "Extra data" in str(e):
-            return None, reasons.TRAILING
-        return None, (reasons.MALFORMED if stripped[0] in reasons._VALUE_STARTS
-                      else reasons.NOT_JSON)
-    if isinstance(value, list):
-        return None, reasons.ARRAY
-    if not isinstance(value, dict):
-        kind = ("string" if isinstance(value, str) else "boolean" if isinstance(value, bool)
-                else "null" if value is None else "number")
-        return None, (f"payload is a JSON {kind}, not an object: decode.schema describes one "
-                      "JSON object per message")
-    try:
-        row = _convert(value, schema)
-    except _Mismatch:
-        return None, f"JSON does not match decode.schema ({decode.schema})"
-    if not decode.keep_raw and value and not any(k in value for k in schema.fieldNames()):
-        return None, (f"JSON object has none of decode.schema's fields (it has: "
-                      f"{', '.join(list(value)[:10])}); fix the schema, or set keep_raw to "
-                      "keep such payloads in the row")
-    return row, None
-
-
-def _convert(value: Any, dt: DataType) -> Any:
-    """A parsed JSON value as the Python value of Spark type ``dt``, or _Mismatch."""
-    from pyspark.sql import types as T
-
-    if value is None:
-        return None
-    if isinstance(dt, T.StructType):
-        if not isinstance(value, dict):
-            raise _Mismatch
-        return {f.name: _convert(value.get(f.name), f.dataType) for f in dt.fields}
-    if isinstance(dt, T.ArrayType):
-        if not isinstance(value, list):
-            raise _Mismatch
-        return [_convert(v, dt.elementType) for v in value]
-    if isinstance(dt, T.MapType):
-        if not isinstance(value, dict) or not isinstance(dt.keyType, T.StringType):
-            raise _Mismatch
-        return [(k, _convert(v, dt.valueType)) for k, v in value.items()]
-    if isinstance(dt, T.StringType):
-        # Like Spark's from_json: a non-string value becomes its JSON text.
-        return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
-    if isinstance(dt, T.BooleanType):
-        if not isinstance(value, bool):
-            raise _Mismatch
-        return value
-    if isinstance(value, bool):
-        raise _Mismatch
-    if isinstance(dt, (T.ByteType, T.ShortType, T.IntegerType, T.LongType)):
-        bits = {T.ByteType: 8, T.ShortType: 16, T.IntegerType: 32, T.LongType: 64}[type(dt)]
-        if not isinstance(value, int) or not -(2 ** (bits - 1)) <= value < 2 ** (bits - 1):
-            raise _Mismatch
-        return value
-    if isinstance(dt, (T.FloatType, T.DoubleType)):
-        if not isinstance(value, (int, float)):
-            raise _Mismatch
-        return float(value)
-    if isinstance(dt, T.DecimalType):
-        if not isinstance(value, (int, float)):
-            raise _Mismatch
-        try:
-            number = Decimal(str(value)).quantize(Decimal(1).scaleb(-dt.scale))
-        except InvalidOperation:
-            raise _Mismatch from None
-        if len(number.as_tuple().digits) > dt.precision:
-            raise _Mismatch
-        return number
-    if isinstance(dt, (T.TimestampType, T.TimestampNTZType, T.DateType)) \
-            and isinstance(value, str):
-        try:
-            ns = parse_instant(value)
-        except JsEtlError:
-            raise _Mismatch from None
-        moment = datetime.fromtimestamp(ns // 1_000_000_000, UTC).replace(
-            microsecond=ns % 1_000_000_000 // 1000)
-        if isinstance(dt, T.DateType):
-            return date(moment.year, moment.month, moment.day)
-        return moment.replace(tzinfo=None) if isinstance(dt, T.TimestampNTZType) else moment
-    raise _Mismatch
 
 
 def load_error(error: BaseException) -> JsEtlError | None:

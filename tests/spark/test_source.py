@@ -303,29 +303,3 @@ def monitored(tmp_path_factory: pytest.TempPathFactory) -> Any:
         yield server, delivered
     finally:
         server.stop()
-
-
-def test_json_values_take_the_schema_types_or_say_why_not():
-    from pyspark.sql.types import DateType, LongType, StringType, StructType, TimestampType
-
-    from js_etl.config.model import DecodeConfig
-    from js_etl.spark.source import decode_json
-
-    decode = DecodeConfig(format="json", schema="id BIGINT, note STRING, at TIMESTAMP, d DATE")
-    # Built by hand: parsing DDL needs a SparkContext, which this pure check does not use.
-    schema = (StructType().add("id", LongType()).add("note", StringType())
-              .add("at", TimestampType()).add("d", DateType()))
-    row, error = decode_json(b'{"id": 5, "note": {"a": [1]}, "at": "2026-11-01T10:00:00.5Z", '
-                             b'"d": "2026-11-01"}', True, schema, decode)
-    assert error is None and row is not None
-    assert row["note"] == '{"a":[1]}'  # a non-string value in a STRING field: its JSON text
-    assert row["at"] == datetime(2026, 11, 1, 10, 0, 0, 500000, tzinfo=UTC)
-    assert str(row["d"]) == "2026-11-01"
-    assert decode_json(b'{"id": NaN}', True, schema, decode) == (None, "malformed JSON")
-    assert decode_json(b'{"id": 1.5}', True, schema, decode)[1] == (
-        "JSON does not match decode.schema (id BIGINT, note STRING, at TIMESTAMP, d DATE)")
-    assert decode_json(b'{"other": 1}', True, schema, decode)[1].startswith(
-        "JSON object has none of decode.schema's fields (it has: other)")
-    assert decode_json(b"  ", True, schema, decode)[1] == (
-        "payload is only whitespace: no JSON value")
-    assert decode_json(b"[1]", True, schema, decode)[1].startswith("payload is a JSON array")

@@ -1,0 +1,207 @@
+"""Payload decoding in Python on the executor, for the ``nats_jetstream`` data source.
+
+A Python data source returns Arrow batches from its tasks: it cannot hand rows to Spark's JVM
+``from_json`` the way the drain does (:mod:`js_etl.spark.decode`). So the source decodes here,
+with the same rules and the same dead-letter reasons: a json payload is good only if it is
+exactly one JSON object matching the schema; anything else keeps its raw bytes in ``data`` and
+says why in ``error``. Hostile payloads are reasons, never a crashed task: nesting deeper than
+Python's parser recurses (``RecursionError``) and integers longer than ``int()`` converts
+(Python 3.11's 4,300-digit limit) are caught (tests/unit/test_source_decode.py).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+from decimal import Decimal, InvalidOperation
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from js_etl.errors import JsEtlError
+from js_etl.instant import parse_instant
+from js_etl.spark import decode as reasons
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import DataType, StructType
+
+from js_etl.config.model import DecodeConfig
+
+TOO_DEEP = "JSON nested too deeply to decode"
+_MAX_INT_DIGITS = 4000  # below sys.get_int_max_str_digits()'s default of 4300
+
+
+@dataclass(frozen=True)
+class BatchDecoder:
+    """Raw fetched batch (:data:`js_etl.spark.fetch.ARROW_SCHEMA`) -> the source's columns."""
+
+    decode: DecodeConfig
+    spark_type: Any = None  # json: the schema's StructType
+    arrow_type: Any = None  # json: its Arrow struct type
+
+    @classmethod
+    def of(cls, decode: DecodeConfig, payload_json: str | None) -> BatchDecoder:
+        if decode.format != "json":
+            return cls(decode)
+        from pyspark.sql.pandas.types import to_arrow_type
+        from pyspark.sql.types import StructType
+
+        spark_type = StructType.fromJson(json.loads(payload_json or "{}"))
+        return cls(decode, spark_type, to_arrow_type(spark_type, timezone="UTC"))
+
+    def __call__(self, raw: pa.RecordBatch) -> pa.RecordBatch:
+        origin = [raw.column(i) for i in range(7)]
+        # An ephemeral consumer's sequence depends on where a partition starts: null, so the rows
+        # of a range do not depend on how it was split (the drain's rows keep their durable's).
+        origin[3] = pa.nulls(raw.num_rows, pa.int64())
+        names = list(raw.schema.names[:7])
+        data, utf8 = raw.column("data"), raw.column("data_is_utf8")
+        no_error = pa.nulls(raw.num_rows, pa.string())
+        if self.decode.format == "raw":
+            return pa.RecordBatch.from_arrays([*origin, data, no_error],
+                                              names=[*names, "data", "error"])
+        if self.decode.format == "text":
+            bad = pc.invert(utf8)
+            nothing = pa.nulls(raw.num_rows, pa.binary())
+            text = pc.if_else(utf8, data, nothing).cast(pa.string())  # invalid ones nulled first
+            return pa.RecordBatch.from_arrays(
+                [*origin, text, pc.if_else(bad, data, nothing),
+                 pc.if_else(bad, pa.scalar(reasons.NOT_UTF8), no_error)],
+                names=[*names, "text", "data", "error"])
+        return self._json(raw, origin, names)
+
+    def _json(self, raw: pa.RecordBatch, origin: list[pa.Array], names: list[str]
+              ) -> pa.RecordBatch:
+        fields = self.spark_type.fieldNames()
+        rows: list[dict[str, Any] | None] = []
+        errors: list[str | None] = []
+        for payload, is_utf8 in zip(raw.column("data").to_pylist(),
+                                    raw.column("data_is_utf8").to_pylist(), strict=True):
+            row, error = decode_json(payload, is_utf8, self.spark_type, self.decode)
+            rows.append(row)
+            errors.append(error)
+        struct = pa.array(rows, self.arrow_type)
+        error_array = pa.array(errors, pa.string())
+        good = pc.is_null(error_array)
+        data = raw.column("data") if self.decode.keep_raw else pc.if_else(
+            good, pa.nulls(raw.num_rows, pa.binary()), raw.column("data"))
+        columns = struct.flatten()  # children with the rows' nulls (struct.field ignores them)
+        return pa.RecordBatch.from_arrays([*origin, *columns, data, error_array],
+                                          names=[*names, *fields, "data", "error"])
+
+
+class _Mismatch(Exception):
+    pass
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _parse_int(digits: str) -> int | Decimal:
+    """An integer too long for ``int()`` stays a Decimal: no Spark integer type holds it, so
+    it is a schema mismatch (a reason), not a ValueError that would read as malformed JSON."""
+    return int(digits) if len(digits) <= _MAX_INT_DIGITS else Decimal(digits)
+
+
+def decode_json(payload: bytes, is_utf8: bool, schema: StructType, decode: DecodeConfig
+                ) -> tuple[dict[str, Any] | None, str | None]:
+    """One payload -> (row, None) or (None, reason): exactly one JSON object matching the
+    schema, with the drain's dead-letter reasons for the shapes it names."""
+    if not is_utf8:
+        return None, reasons.NOT_UTF8
+    if not payload:
+        return None, reasons.EMPTY
+    text = payload.decode("utf-8")
+    stripped = text.lstrip(" \t\n\r")
+    if not stripped:
+        return None, reasons.WHITESPACE
+    try:
+        value = json.loads(text, parse_constant=_reject_constant, parse_int=_parse_int)
+    except RecursionError:
+        return None, TOO_DEEP
+    except ValueError as e:
+        if "Extra data" in str(e):
+            return None, reasons.TRAILING
+        return None, (reasons.MALFORMED if stripped[0] in reasons._VALUE_STARTS
+                      else reasons.NOT_JSON)
+    if isinstance(value, list):
+        return None, reasons.ARRAY
+    if not isinstance(value, dict):
+        kind = ("string" if isinstance(value, str) else "boolean" if isinstance(value, bool)
+                else "null" if value is None else "number")
+        return None, (f"payload is a JSON {kind}, not an object: decode.schema describes one "
+                      "JSON object per message")
+    try:
+        row = _convert(value, schema)
+    except RecursionError:
+        return None, TOO_DEEP
+    except _Mismatch:
+        return None, f"JSON does not match decode.schema ({decode.schema})"
+    if not decode.keep_raw and value and not any(k in value for k in schema.fieldNames()):
+        return None, (f"JSON object has none of decode.schema's fields (it has: "
+                      f"{', '.join(list(value)[:10])}); fix the schema, or set keep_raw to "
+                      "keep such payloads in the row")
+    return row, None
+
+
+def _convert(value: Any, dt: DataType) -> Any:
+    """A parsed JSON value as the Python value of Spark type ``dt``, or _Mismatch."""
+    from pyspark.sql import types as T
+
+    if value is None:
+        return None
+    if isinstance(dt, T.StructType):
+        if not isinstance(value, dict):
+            raise _Mismatch
+        return {f.name: _convert(value.get(f.name), f.dataType) for f in dt.fields}
+    if isinstance(dt, T.ArrayType):
+        if not isinstance(value, list):
+            raise _Mismatch
+        return [_convert(v, dt.elementType) for v in value]
+    if isinstance(dt, T.MapType):
+        if not isinstance(value, dict) or not isinstance(dt.keyType, T.StringType):
+            raise _Mismatch
+        return [(k, _convert(v, dt.valueType)) for k, v in value.items()]
+    if isinstance(dt, T.StringType):
+        # Like Spark's from_json: a non-string value becomes its JSON text.
+        return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+    if isinstance(dt, T.BooleanType):
+        if not isinstance(value, bool):
+            raise _Mismatch
+        return value
+    if isinstance(value, bool):
+        raise _Mismatch
+    if isinstance(dt, (T.ByteType, T.ShortType, T.IntegerType, T.LongType)):
+        bits = {T.ByteType: 8, T.ShortType: 16, T.IntegerType: 32, T.LongType: 64}[type(dt)]
+        if not isinstance(value, int) or not -(2 ** (bits - 1)) <= value < 2 ** (bits - 1):
+            raise _Mismatch
+        return value
+    if isinstance(dt, (T.FloatType, T.DoubleType)):
+        if not isinstance(value, (int, float)):
+            raise _Mismatch
+        return float(value)
+    if isinstance(dt, T.DecimalType):
+        if not isinstance(value, (int, float)):
+            raise _Mismatch
+        try:
+            number = Decimal(str(value)).quantize(Decimal(1).scaleb(-dt.scale))
+        except InvalidOperation:
+            raise _Mismatch from None
+        if len(number.as_tuple().digits) > dt.precision:
+            raise _Mismatch
+        return number
+    if isinstance(dt, (T.TimestampType, T.TimestampNTZType, T.DateType)) \
+            and isinstance(value, str):
+        try:
+            ns = parse_instant(value)
+        except JsEtlError:
+            raise _Mismatch from None
+        moment = datetime.fromtimestamp(ns // 1_000_000_000, UTC).replace(
+            microsecond=ns % 1_000_000_000 // 1000)
+        if isinstance(dt, T.DateType):
+            return date(moment.year, moment.month, moment.day)
+        return moment.replace(tzinfo=None) if isinstance(dt, T.TimestampNTZType) else moment
+    raise _Mismatch
