@@ -46,7 +46,7 @@ def test_example_dags_import_cleanly_without_deprecation_warnings():
     assert parsed["captured_warnings"] == {}
     assert parsed["warnings"] == []  # DeprecatedImportWarning is a FutureWarning
     assert parsed["dag_ids"] == ["js_etl_backfill_to_delta", "js_etl_backlog_drain",
-                                 "js_etl_drain_to_delta"]
+                                 "js_etl_drain_on_backlog_event", "js_etl_drain_to_delta"]
 
 
 def test_example_dags_are_shaped_as_documented():
@@ -82,3 +82,32 @@ def test_example_dags_are_shaped_as_documented():
     assert isinstance(job, JetStreamToDeltaOperator) and job.job == "backfill"
     assert job.outlets == [AssetAlias("js_etl_backfill")]
     assert backfill.get_task("backfill_plan").downstream_task_ids == {"backfill"}
+
+
+def test_the_event_driven_example_is_scheduled_by_a_nats_asset_watcher():
+    """Parsed and serialised as the DAG processor does: the watcher's trigger is ours, with the
+    consumer of the drain's own config and only ids and numbers in its kwargs."""
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    from js_etl.airflow import JetStreamToDeltaOperator
+    from js_etl.airflow.assets import target_asset
+
+    example = load_config(REPO / "conf" / "example.yaml")
+    bag = DagBag(dag_folder=DAGS / "drain_on_backlog_event.py")
+    assert bag.import_errors == {}
+    dag = bag.dags["js_etl_drain_on_backlog_event"]
+    drain = dag.get_task("drain")
+    assert isinstance(drain, JetStreamToDeltaOperator)
+    assert drain.outlets == [target_asset(example.target)]
+
+    # What the DAG processor stores, and the triggerer reads back.
+    timetable = DagSerialization.to_dict(dag)["dag"]["timetable"]["__var"]
+    (asset,) = timetable["asset_condition"]["objects"]
+    assert asset["name"] == f"nats_backlog_{example.source.stream}_{example.source.consumer}"
+    (watcher,) = asset["watchers"]
+    assert watcher["trigger"] == {
+        "classpath": "js_etl.airflow.triggers.JetStreamBacklogEventTrigger",
+        "kwargs": {"nats_conn_id": "nats_default", "stream": example.source.stream,
+                   "consumer": example.source.consumer, "min_pending": 500,
+                   "poll_interval": 30.0}}
