@@ -84,6 +84,8 @@ def get_provider_info() -> dict[str, Any]:
                      "python-modules": ["js_etl.airflow.sensors"]}],
         "triggers": [{"integration-name": "NATS JetStream",
                       "python-modules": ["js_etl.airflow.triggers"]}],
+        # The task's "Run report" link, resolved by the API server from the serialized DAG.
+        "extra-links": ["js_etl.airflow.operators.RunReportLink"],
         # The `nats` scheme of common.messaging's MessageQueueTrigger (AssetWatcher).
         "queues": ["js_etl.airflow.queues.NatsMessageQueueProvider"],
         "connection-types": [{

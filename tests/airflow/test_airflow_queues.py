@@ -7,6 +7,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -221,3 +222,132 @@ def test_watcher_rearms_after_a_drain_and_fails_on_a_missing_consumer(tjs, names
 
     with pytest.raises(ConsumerNotFoundError, match="no_such_consumer"):
         asyncio.run(asyncio.wait_for(first_of_missing(), 30))
+
+
+def _sync_dags_folder_and_unpause(dag_id: str) -> None:
+    """What the DAG processor does: serialise the bundle's DAGs into the metadata DB; then the
+    user's unpause, and a second sync, which registers the asset watchers' triggers (Airflow
+    only does so for assets of active, unpaused DAGs)."""
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.dag_processing.dagbag import BundleDagBag, sync_bag_to_db
+    from airflow.models.dag import DagModel
+    from airflow.utils.session import create_session
+
+    manager = DagBundlesManager()
+    with create_session() as session:
+        manager.sync_bundles_to_db(session=session)
+    (bundle,) = [b for b in manager.get_all_dag_bundles() if b.name == "dags-folder"]
+    if not bundle.is_initialized:
+        bundle.initialize()
+
+    def sync() -> None:
+        bag = BundleDagBag(dag_folder=bundle.path, bundle_path=bundle.path,
+                           bundle_name=bundle.name)
+        sync_bag_to_db(bag, bundle.name, bundle.version)
+
+    sync()
+    with create_session() as session:
+        session.get(DagModel, dag_id).is_paused = False
+    sync()
+
+
+def test_a_real_triggerer_starts_the_watcher_dag_which_drains_the_backlog(
+        tjs, names, tmp_path, spark, capfd, monkeypatch):
+    """The example DAG (dags/drain_on_backlog_event.py, on a test stream): a real
+    `airflow triggerer` process runs its nats watcher; N messages make one asset event that
+    queues a run of the DAG (what the scheduler turns into a DAG run), and that run drains."""
+    import subprocess
+    import sys
+
+    from airflow.models.asset import AssetDagRunQueue, AssetEvent, AssetModel
+    from airflow.models.trigger import Trigger
+    from airflow.utils.session import create_session
+    from airflow_support import DAGS_FOLDER, REPO, failures, load_dag, task_states, xcom
+
+    n = 20
+    _stream_with_consumer(tjs, names)
+    table = tmp_path / "table"
+    config = tmp_path / "job.yaml"
+    config.write_text(
+        f"source: {{stream: {names.stream}, consumer: {names.consumer}}}\n"
+        "fetch: {partitions: 2, batch: 100, pull_timeout: 2}\n"
+        f"target: {{path: '{table}'}}\n"
+        "spark: {conf: {spark.sql.shuffle.partitions: 2,"
+        " spark.databricks.delta.snapshotPartitions: 2}}\n")
+    dag_id = f"watcher_drain_{names.stream}"
+    source = (REPO / "dags" / "drain_on_backlog_event.py").read_text()
+    monkeypatch.setenv("JS_ETL_DAG_CONFIG", str(config))  # read where it is parsed and run
+    for old, new in (('"js_etl_drain_on_backlog_event"', repr(dag_id)),
+                     ('nats_conn_id="nats_default"', 'nats_conn_id="nats_test"'),
+                     ("min_pending=500", f"min_pending={n}"),
+                     ("poll_interval=30", "poll_interval=0.2")):
+        assert old in source, old
+        source = source.replace(old, new)
+    path = DAGS_FOLDER / f"{dag_id}.py"
+    path.write_text(source)
+    asset_name = f"nats_backlog_{names.stream}_{names.consumer}"
+    _sync_dags_folder_and_unpause(dag_id)
+    with create_session() as session:
+        (trigger,) = [t for t in session.query(Trigger).all()
+                      if t.kwargs.get("stream") == names.stream]
+        assert trigger.classpath == "js_etl.airflow.triggers.JetStreamBacklogEventTrigger"
+        trigger_id = trigger.id
+
+    triggerer = subprocess.Popen(
+        [str(Path(sys.executable).with_name("airflow")), "triggerer"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        def triggerer_runs_it() -> bool:
+            with create_session() as session:
+                return session.get(Trigger, trigger_id).triggerer_id is not None
+
+        _poll(triggerer_runs_it, "the triggerer to take the watcher's trigger", 120, triggerer)
+        publish_sync(tjs, names, n - 1)
+        publish_sync(tjs, names, 1)
+        started = time.monotonic()
+
+        def event() -> list[dict]:
+            with create_session() as session:
+                return [dict(e.extra) for e in session.query(AssetEvent).join(
+                    AssetEvent.asset).filter(AssetModel.name == asset_name).all()]
+
+        _poll(event, "the watcher's asset event", 120, triggerer)
+        seconds = time.monotonic() - started
+        with create_session() as session:
+            queued = [q.target_dag_id for q in session.query(AssetDagRunQueue).all()]
+    finally:
+        triggerer.terminate()
+        try:
+            out, _ = triggerer.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            triggerer.kill()
+            out, _ = triggerer.communicate()
+    with capfd.disabled():
+        print(f"\npublish of the N-th message -> asset event by a real triggerer: {seconds:.2f}s")
+    (fired,) = event()
+    assert fired["from_trigger"] is True
+    assert fired["payload"] == {"stream": names.stream, "consumer": names.consumer,
+                                "num_pending": n, "min_pending": n}, out[-3000:]
+    assert dag_id in queued  # the scheduler's input: this DAG's next run is due
+
+    dag_run = load_dag(path).test()
+    assert task_states(dag_run) == {"drain": "success"}, failures(dag_id)
+    assert xcom(dag_run, "drain")["messages_written"] == n
+    assert spark.read.format("delta").load(str(table)).count() == n
+
+
+def publish_sync(tjs, names, count: int) -> None:
+    before = tjs.stream_info(names.stream).state.last_seq
+    tjs.run(publish(tjs.conn, [(f"{names.prefix}.e", b"m")] * count))
+    tjs.run(wait_for_messages(tjs.conn, names.stream, before + count))
+
+
+def _poll(condition, what: str, timeout: float, process) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if process.poll() is not None:
+            raise AssertionError(f"the triggerer exited ({process.returncode}) waiting for {what}:"
+                                 f" {process.stdout.read()[-3000:]}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
