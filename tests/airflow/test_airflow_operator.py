@@ -340,3 +340,23 @@ def test_spark_log_level_defaults_to_warn_and_can_be_turned_back(tmp_path, names
     assert "spark.log.level=ERROR" in spark_conf(conf={"spark.log.level": "ERROR"})
     with pytest.raises(ValueError, match="spark_log_level must be one of"):
         JetStreamToDeltaOperator(task_id="t", config_path=config, spark_log_level="LOUD")
+
+
+def test_lineage_costs_nothing_until_asked_for(tmp_path, names):
+    """Importing the provider's modules and building an operator loads neither js-etl's lineage
+    module nor the OpenLineage client (the OpenLineage provider's listener asks for them)."""
+    import os
+    import subprocess
+
+    config = write_config(tmp_path, names, tmp_path / "table")
+    code = (
+        "import sys, json\n"
+        "from js_etl.airflow import JetStreamToDeltaOperator\n"
+        "import js_etl.airflow.queues, js_etl.airflow.sensors\n"
+        f"JetStreamToDeltaOperator(task_id='t', config_path={str(config)!r})\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m == 'js_etl.airflow.lineage'\n"
+        "                        or m.split('.')[0] == 'openlineage')))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120, check=False, env=os.environ.copy())
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == []
