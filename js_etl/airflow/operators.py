@@ -370,7 +370,7 @@ class JetStreamToDeltaOperator(BaseOperator):
 
             for key, value in conf.items():
                 # they go on spark-submit's command line (--conf), as with SparkSubmitOperator
-                if ".auth." in key or ".headers." in key:
+                if key.endswith(".auth.apiKey") or ".headers." in key:
                     mask_secret(str(value))
         return conf
 

@@ -360,3 +360,43 @@ def test_lineage_costs_nothing_until_asked_for(tmp_path, names):
                             timeout=120, check=False, env=os.environ.copy())
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads(result.stdout.strip().splitlines()[-1]) == []
+
+
+def test_transport_injection_passes_an_http_transport_and_masks_its_key(tmp_path, names,
+                                                                        monkeypatch):
+    """The OpenLineage provider injects only HTTP transports (the suite's is a file one): here
+    the listener's client holds a real HttpTransport; its key goes to --conf, masked in logs."""
+    from types import SimpleNamespace
+
+    import airflow.providers.openlineage.utils.spark as ol_spark
+    from openlineage.client.transport.http import (
+        ApiKeyTokenProvider,
+        HttpConfig,
+        HttpTransport,
+    )
+
+    from js_etl.airflow import JetStreamToDeltaOperator
+
+    key = "ol-key-5d1c-not-in-any-log"
+    transport = HttpTransport(HttpConfig(url="http://lineage.internal:5000",
+                                         auth=ApiKeyTokenProvider({"apiKey": key})))
+    client = SimpleNamespace(transport=transport)
+    listener = SimpleNamespace(adapter=SimpleNamespace(
+        get_or_create_openlineage_client=lambda: client))
+    monkeypatch.setattr(ol_spark, "get_openlineage_listener", lambda: listener)
+
+    config = write_config(tmp_path, names, tmp_path / "table")
+    op = JetStreamToDeltaOperator(task_id="t", config_path=config,
+                                  openlineage_inject_transport_info=True)
+    conf = op._spark_conf({})
+    assert conf["spark.openlineage.transport.type"] == "http"
+    assert conf["spark.openlineage.transport.url"] == "http://lineage.internal:5000"
+    assert conf["spark.openlineage.transport.auth.apiKey"] == f"Bearer {key}"
+    assert conf["spark.log.level"] == "WARN"
+
+    from airflow.sdk._shared.secrets_masker.secrets_masker import redact
+
+    assert key not in str(redact(f"--conf spark.openlineage.transport.auth.apiKey=Bearer {key}"))
+    off = JetStreamToDeltaOperator(task_id="t", config_path=config,
+                                   openlineage_inject_transport_info=False)
+    assert not any(k.startswith("spark.openlineage.") for k in off._spark_conf({}))
