@@ -351,3 +351,33 @@ def _poll(condition, what: str, timeout: float, process) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.1)
+
+
+def test_an_unreachable_server_is_retried_not_an_error_nor_an_event(token_server, caplog):
+    """The watcher outlives a NATS outage: each failed poll is logged and retried."""
+    import logging
+
+    from js_etl.airflow import JetStreamBacklogEventTrigger
+
+    trigger = JetStreamBacklogEventTrigger(nats_conn_id="nats_closed", stream="S", consumer="c",
+                                           poll_interval=0.05)
+
+    def retries() -> int:
+        return sum("retrying in" in r.getMessage() for r in caplog.records
+                   if r.name == "js_etl.airflow.triggers")
+
+    async def scenario() -> bool:
+        events = trigger.run()
+        first = asyncio.ensure_future(anext(events))
+        try:
+            await _wait_until(lambda: first.done() or retries() >= 3, "three failed polls", 60)
+            return first.done()
+        finally:
+            first.cancel()
+            await asyncio.gather(first, return_exceptions=True)
+            await events.aclose()
+
+    with caplog.at_level(logging.WARNING, logger="js_etl.airflow.triggers"):
+        ended = asyncio.run(scenario())
+    assert not ended  # neither an event nor an exception
+    assert retries() >= 3
