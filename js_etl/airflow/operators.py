@@ -200,7 +200,7 @@ class JetStreamToDeltaOperator(BaseOperator):
         ``js_etl/jobs/<job>.py`` of the installed js-etl.
     :param spark_submit_kwargs: anything else for ``SparkSubmitHook`` (``driver_memory``,
         ``executor_memory``, ``py_files``, ``deploy_mode`` …). The report file and the NATS
-        environment need client deploy mode (the default).
+        environment need client deploy mode (the default); cluster mode fails the task.
 
     The Delta table is the task's outlet: unless ``outlets`` is given, an ``AssetAlias`` named
     after the config's ``target`` (:func:`~js_etl.airflow.assets.table_alias`), derived when
@@ -405,6 +405,14 @@ class JetStreamToDeltaOperator(BaseOperator):
             spark_binary=self.spark_binary or default_spark_binary(),
             **self.spark_submit_kwargs,
         )
+        if hook._connection.get("deploy_mode") == "cluster":
+            # The driver must run here: it writes the report file this task reads, and gets the
+            # NATS credentials through spark-submit's own environment.
+            raise AirflowFailException(
+                "JetStreamToDeltaOperator needs client deploy mode (the driver on the worker: "
+                "its run report file and the NATS credentials in spark-submit's environment); "
+                f"the Spark connection {self.spark_conn_id!r} or spark_submit_kwargs ask for "
+                "cluster")
         if hook.master.startswith("local") and "PYSPARK_PYTHON" not in {**os.environ, **user_env}:
             # Driver and workers run this interpreter, which has js_etl (facts: case E).
             hook._process_env["PYSPARK_PYTHON"] = sys.executable

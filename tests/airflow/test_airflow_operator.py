@@ -400,3 +400,21 @@ def test_transport_injection_passes_an_http_transport_and_masks_its_key(tmp_path
     off = JetStreamToDeltaOperator(task_id="t", config_path=config,
                                    openlineage_inject_transport_info=False)
     assert not any(k.startswith("spark.openlineage.") for k in off._spark_conf({}))
+
+
+def test_cluster_deploy_mode_is_refused_before_spark_submit(tmp_path, names):
+    """The driver must run on the worker (report file, NATS credentials in its environment):
+    what the README gives as the reason ResumableJobMixin does not apply."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from js_etl.airflow import JetStreamToDeltaOperator
+
+    config = write_config(tmp_path, names, tmp_path / "table")
+    op = JetStreamToDeltaOperator(task_id="t", config_path=config, master="spark://m:7077",
+                                  spark_submit_kwargs={"deploy_mode": "cluster"})
+    with pytest.raises(AirflowFailException, match="needs client deploy mode"):
+        op._submit_hook(["--config", str(config)], {}, {}, name="n")
+    client = JetStreamToDeltaOperator(task_id="t", config_path=config, master="spark://m:7077",
+                                      spark_submit_kwargs={"deploy_mode": "client"})
+    assert client._submit_hook(["--config", str(config)], {}, {}, name="n")._connection[
+        "deploy_mode"] == "client"
