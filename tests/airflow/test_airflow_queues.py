@@ -294,7 +294,8 @@ def test_a_real_triggerer_starts_the_watcher_dag_which_drains_the_backlog(
         trigger_id = trigger.id
 
     triggerer = subprocess.Popen(
-        [str(Path(sys.executable).with_name("airflow")), "triggerer"],
+        # No log server: it would bind a fixed port, which a second copy of the suite shares.
+        [str(Path(sys.executable).with_name("airflow")), "triggerer", "--skip-serve-logs"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         def triggerer_runs_it() -> bool:
