@@ -31,6 +31,7 @@ CONFIG = os.environ.get(
 RANGE_FLAGS = {"from_seq": "--from-seq", "to_seq": "--to-seq",
                "from_time": "--from-time", "to_time": "--to-time"}
 
+# [START howto_operator_jetstream_backfill]
 with DAG(
     dag_id="js_etl_backfill_to_delta",
     description="Backfill a range of a JetStream stream into Delta (manual, parameterised)",
@@ -80,3 +81,4 @@ with DAG(
         nats_conn_id="nats_default",
         outlets=[AssetAlias("js_etl_backfill")],
     )
+# [END howto_operator_jetstream_backfill]

@@ -22,6 +22,7 @@ CONFIG = os.environ.get(
 )
 SOURCE = load_config(CONFIG).source  # wait on the very consumer the drain reads
 
+# [START howto_sensor_jetstream_backlog]
 with DAG(
     dag_id="js_etl_backlog_drain",
     description="Wait for a JetStream backlog, then drain it into Delta",
@@ -50,3 +51,4 @@ with DAG(
         execution_timeout=timedelta(minutes=45),
     )
     wait >> drain
+# [END howto_sensor_jetstream_backlog]

@@ -21,6 +21,7 @@ CONFIG = os.environ.get(
     "JS_ETL_DAG_CONFIG", str(Path(__file__).resolve().parents[1] / "conf" / "example.yaml")
 )
 
+# [START howto_operator_jetstream_to_delta]
 with DAG(
     dag_id="js_etl_drain_to_delta",
     description="Drain the JetStream consumer into Delta every hour",
@@ -45,3 +46,4 @@ with DAG(
         spark_conn_id="spark_default",
         execution_timeout=timedelta(minutes=55),
     )
+# [END howto_operator_jetstream_to_delta]

@@ -9,6 +9,9 @@
 ``JetStreamBacklogSensor``     waits for ``num_pending >= min_pending``, deferrable
                                (:mod:`.sensors`, trigger in :mod:`.triggers`)
 ``delta_asset``                the Delta table as an Airflow ``Asset`` (:mod:`.assets`)
+``MessageQueueTrigger(         event-driven scheduling: an ``AssetWatcher`` fires when the
+scheme="nats", ...)``          backlog crosses ``min_pending`` (:mod:`.queues`, trigger
+                               ``JetStreamBacklogEventTrigger`` in :mod:`.triggers`)
 =============================  ================================================================
 
 Airflow discovers the connection type through the ``apache_airflow_provider`` entry point,
@@ -26,9 +29,10 @@ if TYPE_CHECKING:
     from js_etl.airflow.hooks import JetStreamHook
     from js_etl.airflow.operators import JetStreamToDeltaOperator
     from js_etl.airflow.sensors import JetStreamBacklogSensor
-    from js_etl.airflow.triggers import JetStreamBacklogTrigger
+    from js_etl.airflow.triggers import JetStreamBacklogEventTrigger, JetStreamBacklogTrigger
 
 __all__ = [
+    "JetStreamBacklogEventTrigger",
     "JetStreamBacklogSensor",
     "JetStreamBacklogTrigger",
     "JetStreamHook",
@@ -42,6 +46,7 @@ _EXPORTS = {
     "JetStreamToDeltaOperator": "js_etl.airflow.operators",
     "JetStreamBacklogSensor": "js_etl.airflow.sensors",
     "JetStreamBacklogTrigger": "js_etl.airflow.triggers",
+    "JetStreamBacklogEventTrigger": "js_etl.airflow.triggers",
     "delta_asset": "js_etl.airflow.assets",
 }
 
@@ -79,6 +84,10 @@ def get_provider_info() -> dict[str, Any]:
                      "python-modules": ["js_etl.airflow.sensors"]}],
         "triggers": [{"integration-name": "NATS JetStream",
                       "python-modules": ["js_etl.airflow.triggers"]}],
+        # The task's "Run report" link, resolved by the API server from the serialized DAG.
+        "extra-links": ["js_etl.airflow.operators.RunReportLink"],
+        # The `nats` scheme of common.messaging's MessageQueueTrigger (AssetWatcher).
+        "queues": ["js_etl.airflow.queues.NatsMessageQueueProvider"],
         "connection-types": [{
             "connection-type": "nats",
             "hook-class-name": "js_etl.airflow.hooks.JetStreamHook",

@@ -18,7 +18,7 @@ import os
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from airflow.sdk import Asset
+from airflow.sdk import Asset, AssetAlias
 
 from js_etl.errors import ConfigError
 
@@ -56,6 +56,22 @@ def delta_asset(path: str | os.PathLike[str] | None = None, *, table: str | None
     local = parts.path if parts.scheme == "file" else text
     absolute = os.path.abspath(os.path.expanduser(local))
     return Asset(uri=f"file://{absolute}")
+
+
+ALIAS_PREFIX = "js_etl:"
+
+
+def table_alias(asset: Asset) -> AssetAlias:
+    """The operator's default outlet for a table: an ``AssetAlias`` named after it.
+
+    Through an alias the task decides at run time whether the table gets an asset event (a
+    drain that wrote nothing emits none); a static ``Asset`` outlet gets one on every success.
+    Downstream DAGs still schedule on the table itself, ``schedule=[delta_asset(...)]``.
+
+    >>> table_alias(delta_asset("/data/lake/orders")).name
+    'js_etl:file:///data/lake/orders'
+    """
+    return AssetAlias(name=f"{ALIAS_PREFIX}{asset.uri}")
 
 
 def target_asset(target: TargetConfig) -> Asset:

@@ -28,14 +28,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
-from airflow.sdk import Asset, AssetAlias, BaseOperator
+from airflow.sdk import Asset, AssetAlias, BaseOperator, BaseOperatorLink
 from airflow.sdk.exceptions import (
     AirflowException,
     AirflowFailException,
 )
 
 import js_etl.jobs
-from js_etl.airflow.assets import target_asset
+from js_etl.airflow.assets import table_alias, target_asset
 from js_etl.airflow.hooks import JetStreamHook
 from js_etl.config import JobConfig, load_config
 from js_etl.errors import JsEtlError
@@ -43,6 +43,7 @@ from js_etl.report import summary_table
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+    from airflow.sdk.types import TaskInstanceKey
 
 Job = Literal["drain", "backfill"]
 # The packaged job scripts (js_etl/jobs/) of the installed js_etl, from a wheel or a checkout.
@@ -56,6 +57,7 @@ EXIT_MEANINGS = {
 }
 _REASON_PREFIX = "js-etl: "
 _REPORT_PREFIX = '{"job":'
+SPARK_LOG_LEVELS = ("ALL", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF", "TRACE")
 
 
 class _JobSubmitHook(SparkSubmitHook):
@@ -153,6 +155,25 @@ def default_spark_binary() -> str:
     return str(beside) if beside.exists() else "spark-submit"
 
 
+class RunReportLink(BaseOperatorLink):
+    """"Run report" on the task instance: its XCom tab, where the report (``return_value``)
+    is shown in full. Airflow 3.3 gives a task no way to set its own note; a link it has."""
+
+    name = "Run report"
+
+    def get_link(self, operator: Any, *, ti_key: TaskInstanceKey) -> str:
+        from urllib.parse import quote
+
+        from airflow.providers.common.compat.sdk import conf
+
+        base = conf.get("api", "base_url", fallback="").rstrip("/")
+        path = (f"/dags/{quote(ti_key.dag_id, safe='')}/runs/{quote(ti_key.run_id, safe='')}"
+                f"/tasks/{quote(ti_key.task_id, safe='')}")
+        if ti_key.map_index >= 0:
+            path += f"/mapped/{ti_key.map_index}"
+        return f"{base}{path}/xcom"
+
+
 class JetStreamToDeltaOperator(BaseOperator):
     """Drain a JetStream durable consumer into a Delta table with spark-submit.
 
@@ -179,12 +200,31 @@ class JetStreamToDeltaOperator(BaseOperator):
         ``js_etl/jobs/<job>.py`` of the installed js-etl.
     :param spark_submit_kwargs: anything else for ``SparkSubmitHook`` (``driver_memory``,
         ``executor_memory``, ``py_files``, ``deploy_mode`` …). The report file and the NATS
-        environment need client deploy mode (the default).
+        environment need client deploy mode (the default); cluster mode fails the task.
 
-    The Delta table is the task's outlet: unless ``outlets`` is given, it is derived from the
-    config's ``target`` when ``config_path`` and ``overrides`` hold no templates. Give
-    ``outlets=[AssetAlias("...")]`` when the target is templated: the asset actually written is
-    attached to the alias at run time. Every outlet's event carries a summary of the run.
+    The Delta table is the task's outlet: unless ``outlets`` is given, an ``AssetAlias`` named
+    after the config's ``target`` (:func:`~js_etl.airflow.assets.table_alias`), derived when
+    ``config_path`` and ``overrides`` hold no templates. Give ``outlets=[AssetAlias("...")]``
+    when the target is templated. The table actually written is attached to every alias outlet
+    at run time, with a summary of the run as the event's ``extra`` — only when the run wrote
+    messages, unless ``emit_empty_asset_event=True``. A static ``Asset`` outlet gets an event on
+    every success (Airflow records one per static outlet; the operator cannot skip it).
+
+    :param spark_log_level: Spark's log level in the job (``spark.log.level``): default
+        ``"WARN"``, so the task log shows the job's own lines, not Spark's INFO chatter;
+        ``"INFO"`` or ``None`` (Spark's default) brings it back. ``conf={"spark.log.level": ...}``
+        wins.
+    :param openlineage_inject_parent_job_info: pass this task as the OpenLineage parent of the
+        Spark job (``spark.openlineage.parent*`` conf), as ``SparkSubmitOperator`` does; default
+        the ``[openlineage] spark_inject_parent_job_info`` option. Needs the OpenLineage
+        provider (and, to take effect, the OpenLineage Spark listener in the job).
+    :param openlineage_inject_transport_info: likewise the task's OpenLineage transport
+        (``spark.openlineage.transport.*``; default ``[openlineage]
+        spark_inject_transport_info``). Note that these go on spark-submit's command line like
+        any ``--conf``: an API key in the transport would be visible there (it is masked in logs).
+    :param emit_empty_asset_event: also emit the table's asset event when the run wrote no
+        message (default ``False``: a downstream DAG scheduled on the table does not run for
+        nothing).
 
     Example::
 
@@ -204,6 +244,7 @@ class JetStreamToDeltaOperator(BaseOperator):
     template_fields_renderers: ClassVar[dict[str, str]] = {
         "overrides": "json", "job_args": "json", "env_vars": "json", "conf": "json"}
     ui_color = "#c9e4f6"
+    operator_extra_links = (RunReportLink(),)
 
     def __init__(
         self,
@@ -221,6 +262,10 @@ class JetStreamToDeltaOperator(BaseOperator):
         env_vars: Mapping[str, str] | None = None,
         application: str | None = None,
         spark_submit_kwargs: Mapping[str, Any] | None = None,
+        emit_empty_asset_event: bool = False,
+        openlineage_inject_parent_job_info: bool | None = None,
+        openlineage_inject_transport_info: bool | None = None,
+        spark_log_level: str | None = "WARN",
         **kwargs: Any,
     ) -> None:
         if job not in JOB_SCRIPTS:
@@ -242,7 +287,18 @@ class JetStreamToDeltaOperator(BaseOperator):
         self.env_vars = env_vars
         self.application = application
         self.spark_submit_kwargs = dict(spark_submit_kwargs or {})
+        self.emit_empty_asset_event = bool(emit_empty_asset_event)
+        # Defaults as SparkSubmitOperator's: the [openlineage] spark_inject_* options.
+        self.openlineage_inject_parent_job_info = _lineage_option(
+            openlineage_inject_parent_job_info, "spark_inject_parent_job_info")
+        self.openlineage_inject_transport_info = _lineage_option(
+            openlineage_inject_transport_info, "spark_inject_transport_info")
+        if spark_log_level is not None and spark_log_level.upper() not in SPARK_LOG_LEVELS:
+            raise ValueError(f"spark_log_level must be one of {', '.join(SPARK_LOG_LEVELS)} "
+                             f"or None (Spark's own logging), got {spark_log_level!r}")
+        self.spark_log_level = spark_log_level
         self._hook: _JobSubmitHook | None = None
+        self._report: dict[str, Any] | None = None
 
     # -- execute --------------------------------------------------------------------------------
     def execute(self, context: Context) -> dict[str, Any]:
@@ -262,7 +318,8 @@ class JetStreamToDeltaOperator(BaseOperator):
         args = self._job_arguments(config_path, overrides, report_file)
         ti = context["ti"]
         name = f"js-etl-{self.job}-{ti.dag_id}.{ti.task_id}"
-        hook = self._submit_hook(args, job_env, user_env, name=name)
+        hook = self._submit_hook(args, job_env, user_env, name=name,
+                                 conf=self._spark_conf(context))
         self._hook = hook
         try:
             try:
@@ -276,6 +333,7 @@ class JetStreamToDeltaOperator(BaseOperator):
         self.log.info("js-etl %s into %s:\n%s", self.job, report.get("target"),
                       summary_table(report))
         self._record_asset_events(context, config, report)
+        self._report = report
         return report
 
     def _job_arguments(self, config_path: str, overrides: Sequence[str],
@@ -287,13 +345,59 @@ class JetStreamToDeltaOperator(BaseOperator):
             args += ["--set", item]
         return [*args, "--report-file", report_file, *(str(a) for a in self.job_args or [])]
 
+    def _spark_conf(self, context: Context) -> dict[str, Any]:
+        """``conf`` plus the OpenLineage parent job and transport properties when asked for,
+        computed by the OpenLineage provider exactly as for SparkSubmitOperator (the Spark
+        job's OpenLineage listener, if it has one, then links its run to this task)."""
+        conf = dict(self.conf or {})
+        if self.spark_log_level is not None:
+            # Spark's own knob (SparkContext.setLogLevel at start-up): without it a task log is
+            # mostly Spark's INFO lines. A `spark.log.level` in `conf` wins.
+            conf.setdefault("spark.log.level", self.spark_log_level.upper())
+        if not (self.openlineage_inject_parent_job_info
+                or self.openlineage_inject_transport_info):
+            return conf
+        from airflow.providers.common.compat.openlineage.utils.spark import (
+            inject_parent_job_information_into_spark_properties,
+            inject_transport_information_into_spark_properties,
+        )
+
+        if self.openlineage_inject_parent_job_info:
+            conf = inject_parent_job_information_into_spark_properties(conf, context)
+        if self.openlineage_inject_transport_info:
+            conf = inject_transport_information_into_spark_properties(conf, context)
+            from airflow.sdk.log import mask_secret
+
+            for key, value in conf.items():
+                # they go on spark-submit's command line (--conf), as with SparkSubmitOperator
+                if key.endswith(".auth.apiKey") or ".headers." in key:
+                    mask_secret(str(value))
+        return conf
+
+    # -- OpenLineage (called by the OpenLineage provider's listener when it is installed) -------
+    def get_openlineage_facets_on_start(self) -> Any:
+        return self._lineage(None)
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        return self._lineage(self._report)
+
+    def _lineage(self, report: Mapping[str, Any] | None) -> Any:
+        from js_etl.airflow.lineage import operator_lineage
+
+        job_env = JetStreamHook(self.nats_conn_id).job_environment()
+        config = load_config(os.path.abspath(self.config_path), override_list(self.overrides),
+                             environ={**os.environ, **job_env,
+                                      **{str(k): str(v) for k, v in (self.env_vars or {}).items()}})
+        return operator_lineage(config, config.nats.servers, report)
+
     def _submit_hook(self, args: list[str], job_env: Mapping[str, str],
-                     user_env: Mapping[str, str], *, name: str) -> _JobSubmitHook:
+                     user_env: Mapping[str, str], *, name: str,
+                     conf: Mapping[str, Any] | None = None) -> _JobSubmitHook:
         hook = _JobSubmitHook(
             process_env=job_env,
             master=self.master,
             conn_id=self.spark_conn_id,
-            conf=dict(self.conf or {}),
+            conf=dict(self.conf or {}) if conf is None else dict(conf),
             jars=self._jars(),
             name=name,
             application_args=args,
@@ -301,6 +405,14 @@ class JetStreamToDeltaOperator(BaseOperator):
             spark_binary=self.spark_binary or default_spark_binary(),
             **self.spark_submit_kwargs,
         )
+        if hook._connection.get("deploy_mode") == "cluster":
+            # The driver must run here: it writes the report file this task reads, and gets the
+            # NATS credentials through spark-submit's own environment.
+            raise AirflowFailException(
+                "JetStreamToDeltaOperator needs client deploy mode (the driver on the worker: "
+                "its run report file and the NATS credentials in spark-submit's environment); "
+                f"the Spark connection {self.spark_conn_id!r} or spark_submit_kwargs ask for "
+                "cluster")
         if hook.master.startswith("local") and "PYSPARK_PYTHON" not in {**os.environ, **user_env}:
             # Driver and workers run this interpreter, which has js_etl (facts: case E).
             hook._process_env["PYSPARK_PYTHON"] = sys.executable
@@ -357,19 +469,34 @@ class JetStreamToDeltaOperator(BaseOperator):
         summary = {k: report[k] for k in ("run_id", "messages_written", "dead_letters",
                                           "delta_versions", "first_seq", "last_seq")
                    if k in report}
+        emit = bool(report.get("messages_written")) or self.emit_empty_asset_event
         events = context["outlet_events"]
         for outlet in self.outlets:
             if isinstance(outlet, AssetAlias):
-                events[outlet].add(written, extra=summary)
+                if emit:
+                    events[outlet].add(written, extra=summary)
+                else:
+                    self.log.info("no asset event for %s: the run wrote no message "
+                                  "(emit_empty_asset_event=True emits one anyway)", written.uri)
             elif isinstance(outlet, Asset):
+                # Airflow records an event for every static Asset outlet of a successful task;
+                # only an AssetAlias outlet lets the task leave it out.
                 events[outlet].extra.update(summary)
                 if outlet.uri != written.uri:
                     self.log.warning("the job wrote %s but the task's outlet is %s", written.uri,
                                      outlet.uri)
 
 
-def _static_outlets(config_path: Any, overrides: Any) -> list[Asset]:
-    """The target table's Asset when it is known at parse time (no templates)."""
+def _lineage_option(value: bool | None, option: str) -> bool:
+    if value is not None:
+        return bool(value)
+    from airflow.providers.common.compat.sdk import conf
+
+    return conf.getboolean("openlineage", option, fallback=False)
+
+
+def _static_outlets(config_path: Any, overrides: Any) -> list[AssetAlias]:
+    """The target table's alias when the table is known at parse time (no templates)."""
     if _is_dynamic(config_path) or _is_dynamic(overrides):
         return []
     try:
@@ -377,7 +504,7 @@ def _static_outlets(config_path: Any, overrides: Any) -> list[Asset]:
     except JsEtlError as e:
         raise ValueError(f"{os.fspath(config_path)}: {e} (pass outlets=... to skip deriving "
                          "the Delta table's asset from the config)") from None
-    return [target_asset(config.target)]
+    return [table_alias(target_asset(config.target))]
 
 
 def _read_report(report_file: str, report_line: str | None) -> dict[str, Any]:

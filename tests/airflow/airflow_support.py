@@ -14,6 +14,7 @@ from typing import Any
 
 DAGS_FOLDER = Path(os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
 TOKEN = "tok-9f3c1e7a-not-in-any-log"
+LINEAGE_FILE = Path(os.environ["AIRFLOW_HOME"]) / "openlineage.jsonl"
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -87,3 +88,24 @@ def xcom(dag_run: Any, task_id: str, key: str = "return_value") -> Any:
         row = session.scalars(XComModel.get_many(run_id=dag_run.run_id, dag_ids=dag_run.dag_id,
                                                  task_ids=task_id, key=key)).first()
         return None if row is None else XComModel.deserialize_value(row)
+
+
+def lineage_events(job_name: str, event_type: str, timeout: float = 60.0) -> list[dict[str, Any]]:
+    """The OpenLineage events of one job (``<dag_id>.<task_id>``) and type from the file
+    transport, waiting until at least one is there (the listener may emit from a child)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        found = []
+        if LINEAGE_FILE.exists():
+            for line in LINEAGE_FILE.read_text().splitlines():
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                if (event.get("job", {}).get("name") == job_name
+                        and event.get("eventType") == event_type):
+                    found.append(event)
+        if found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)

@@ -36,6 +36,12 @@ os.environ.update({
     "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{AIRFLOW_HOME / 'airflow.db'}",
     "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
     "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"}),
+    # The OpenLineage provider (dev extra) emits every task's lineage events into this file;
+    # it reads the transport once, when its plugin is first loaded.
+    "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps({
+        "type": "file", "log_file_path": str(AIRFLOW_HOME / "openlineage.jsonl"),
+        "append": True}),
+    "AIRFLOW__OPENLINEAGE__NAMESPACE": "js-etl-tests",
 })
 
 from airflow_support import TOKEN, set_connection  # noqa: E402

@@ -46,7 +46,7 @@ def test_example_dags_import_cleanly_without_deprecation_warnings():
     assert parsed["captured_warnings"] == {}
     assert parsed["warnings"] == []  # DeprecatedImportWarning is a FutureWarning
     assert parsed["dag_ids"] == ["js_etl_backfill_to_delta", "js_etl_backlog_drain",
-                                 "js_etl_drain_to_delta"]
+                                 "js_etl_drain_on_backlog_event", "js_etl_drain_to_delta"]
 
 
 def test_example_dags_are_shaped_as_documented():
@@ -54,11 +54,11 @@ def test_example_dags_are_shaped_as_documented():
     from airflow.sdk import AssetAlias
 
     from js_etl.airflow import JetStreamBacklogSensor, JetStreamToDeltaOperator
-    from js_etl.airflow.assets import target_asset
+    from js_etl.airflow.assets import table_alias, target_asset
 
     bag = DagBag(dag_folder=DAGS)
     example = load_config(REPO / "conf" / "example.yaml")
-    example_table = target_asset(example.target)
+    example_table = table_alias(target_asset(example.target))
 
     scheduled = bag.dags["js_etl_drain_to_delta"]
     assert (scheduled.max_active_runs, scheduled.catchup) == (1, False)
@@ -82,3 +82,54 @@ def test_example_dags_are_shaped_as_documented():
     assert isinstance(job, JetStreamToDeltaOperator) and job.job == "backfill"
     assert job.outlets == [AssetAlias("js_etl_backfill")]
     assert backfill.get_task("backfill_plan").downstream_task_ids == {"backfill"}
+
+
+def test_the_event_driven_example_is_scheduled_by_a_nats_asset_watcher():
+    """Parsed and serialised as the DAG processor does: the watcher's trigger is ours, with the
+    consumer of the drain's own config and only ids and numbers in its kwargs."""
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    from js_etl.airflow import JetStreamToDeltaOperator
+    from js_etl.airflow.assets import table_alias, target_asset
+
+    example = load_config(REPO / "conf" / "example.yaml")
+    bag = DagBag(dag_folder=DAGS / "drain_on_backlog_event.py")
+    assert bag.import_errors == {}
+    dag = bag.dags["js_etl_drain_on_backlog_event"]
+    drain = dag.get_task("drain")
+    assert isinstance(drain, JetStreamToDeltaOperator)
+    assert drain.outlets == [table_alias(target_asset(example.target))]
+
+    # What the DAG processor stores, and the triggerer reads back.
+    timetable = DagSerialization.to_dict(dag)["dag"]["timetable"]["__var"]
+    (asset,) = timetable["asset_condition"]["objects"]
+    assert asset["name"] == f"nats_backlog_{example.source.stream}_{example.source.consumer}"
+    (watcher,) = asset["watchers"]
+    assert watcher["trigger"] == {
+        "classpath": "js_etl.airflow.triggers.JetStreamBacklogEventTrigger",
+        "kwargs": {"nats_conn_id": "nats_default", "stream": example.source.stream,
+                   "consumer": example.source.consumer, "min_pending": 500,
+                   "poll_interval": 30.0}}
+
+
+def test_provider_docs_include_example_dags_that_have_their_markers():
+    """docs/airflow/: every exampleinclude names a DAG file holding both markers, every toctree
+    entry exists, and every example DAG is shown somewhere."""
+    import re
+
+    docs = REPO / "docs" / "airflow"
+    included = set()
+    for page in docs.rglob("*.rst"):
+        text = page.read_text()
+        for path, start, end in re.findall(
+                r"exampleinclude:: /\.\./\.\./(\S+)\n(?:\s+:\w+:.*\n)*?\s+:start-after: (.+)\n"
+                r"\s+:end-before: (.+)\n", text):
+            source = (REPO / path).read_text()
+            assert start.strip() in source and end.strip() in source, (page, path)
+            assert source.index(start.strip()) < source.index(end.strip())
+            included.add(path)
+        for entry in re.findall(r"^    (?:.*<)?([\w/]+)>?$", text.split(".. toctree::")[-1]
+                                if ".. toctree::" in text else "", flags=re.M):
+            assert (docs / f"{entry}.rst").exists(), (page, entry)
+    assert included == {f"dags/{p.name}" for p in DAGS.glob("*.py")}

@@ -3,9 +3,12 @@ runs (dag.test()) that drain a real stream through spark-submit into a real Delt
 
 from __future__ import annotations
 
+import json
+import re
 import sys
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 from airflow_support import (
@@ -13,6 +16,7 @@ from airflow_support import (
     REPO,
     TOKEN,
     failures,
+    lineage_events,
     load_dag,
     task_states,
     write_dag,
@@ -43,17 +47,19 @@ def test_operator_checks_its_modes_and_derives_the_table_asset(tmp_path, names):
     from airflow.sdk import AssetAlias
 
     from js_etl.airflow import JetStreamToDeltaOperator, delta_asset
+    from js_etl.airflow.assets import table_alias
 
     config = write_config(tmp_path, names, tmp_path / "table")
     with pytest.raises(ValueError, match="job must be one of 'drain', 'backfill', got 'drian'"):
         JetStreamToDeltaOperator(task_id="t", config_path=config, job="drian")
 
     op = JetStreamToDeltaOperator(task_id="t", config_path=config)
-    assert op.outlets == [delta_asset(tmp_path / "table")]
-    assert op.outlets[0].uri == f"file://{tmp_path / 'table'}"
+    # An alias named after the table: the run decides whether the table gets an event.
+    assert op.outlets == [AssetAlias(f"js_etl:file://{tmp_path / 'table'}")]
+    assert op.outlets == [table_alias(delta_asset(tmp_path / "table"))]
     moved = JetStreamToDeltaOperator(task_id="t", config_path=config,
                                      overrides={"target.path": str(tmp_path / "other")})
-    assert moved.outlets == [delta_asset(tmp_path / "other")]
+    assert moved.outlets == [table_alias(delta_asset(tmp_path / "other"))]
     templated = JetStreamToDeltaOperator(task_id="t", config_path=config,
                                          overrides={"target.path": "{{ params.target }}"})
     assert templated.outlets == []  # only known at run time: use an AssetAlias
@@ -156,6 +162,7 @@ def test_dag_drains_a_real_stream_into_delta_and_returns_the_report(tjs, names, 
             JetStreamToDeltaOperator(task_id="drain", config_path={str(config)!r},
                                      overrides={{"run.max_seconds": "2m"}},
                                      nats_conn_id="nats_test",
+                                     openlineage_inject_parent_job_info=True,
                                      on_failure_callback=record_failure)
         """))
 
@@ -171,6 +178,9 @@ def test_dag_drains_a_real_stream_into_delta_and_returns_the_report(tjs, names, 
     assert report["messages_written"] == len(published)
     assert (report["first_seq"], report["last_seq"], report["dead_letters"]) == (1, 250, 0)
     assert report["target"] == str(table) and report["pending_after"] == 0
+    # The "Run report" extra link: the task instance's XCom tab in the UI.
+    assert xcom(dag_run, "drain", "_link_RunReportLink").endswith(
+        f"/dags/{dag_id}/runs/{quote(dag_run.run_id, safe='')}/tasks/drain/xcom")
     rows = spark.read.format("delta").load(str(table)).select("seq", "data").orderBy("seq")
     assert [(r.seq, bytes(r.data)) for r in rows.collect()] == [
         (i, data) for i, (_, data) in enumerate(published, start=1)]
@@ -180,7 +190,37 @@ def test_dag_drains_a_real_stream_into_delta_and_returns_the_report(tjs, names, 
             AssetModel.uri == f"file://{table}").all()
         assert [e.extra.get("messages_written") for e in events] == [250]
         assert events[0].extra["delta_versions"] == report["delta_versions"]
-    assert TOKEN not in capfd.readouterr().out  # neither logged nor echoed by spark-submit
+    output = capfd.readouterr().out
+    assert TOKEN not in output  # neither logged nor echoed by spark-submit
+    # Spark at WARN by default: none of the per-stage/per-task INFO lines of the run.
+    spark_info = [line for line in output.splitlines()
+                  if re.search(r" INFO (DAGScheduler|TaskSetManager|Executor|TaskSchedulerImpl):",
+                               line)]
+    with capfd.disabled():
+        print(f"\nSpark INFO lines in the task output: "
+              f"{sum(' INFO ' in line for line in output.splitlines())}")
+    assert spark_info == []
+    # The Spark job was handed this task as its OpenLineage parent (as SparkSubmitOperator does).
+    assert f"spark.openlineage.parentJobName={dag_id}.drain" in output
+    assert "spark.openlineage.parentJobNamespace=js-etl-tests" in output
+
+    # The OpenLineage events of the task (file transport): the stream in, the table out, and
+    # at completion the messages written as the output's row count.
+    (start,) = lineage_events(f"{dag_id}.drain", "START")
+    (complete,) = lineage_events(f"{dag_id}.drain", "COMPLETE")
+    with capfd.disabled():
+        print("\nOpenLineage COMPLETE event:", json.dumps(complete, indent=1))
+    port = tjs.conn.options.servers[0].rsplit(":", 1)[1]
+    for event in (start, complete):
+        (source,) = event["inputs"]
+        assert (source["namespace"], source["name"]) == (f"nats://127.0.0.1:{port}", names.stream)
+        facet = source["facets"]["natsJetStreamConsumer"]
+        assert (facet["consumer"], facet["filterSubjects"]) == (names.consumer, [])
+        (target,) = event["outputs"]
+        assert (target["namespace"], target["name"]) == ("file", str(table))
+    assert "outputStatistics" not in start["outputs"][0].get("outputFacets", {})
+    assert complete["outputs"][0]["outputFacets"]["outputStatistics"]["rowCount"] == 250
+    assert TOKEN not in json.dumps([start, complete])
 
 
 def test_failed_job_fails_the_task_with_the_jobs_own_reason(names, tmp_path, token_server):
@@ -244,3 +284,137 @@ def test_example_backfill_dag_backfills_a_range_and_names_the_table_it_wrote(
         events = session.query(AssetEvent).join(AssetEvent.asset).filter_by(
             uri=delta_asset(backfill_table).uri).all()
         assert [e.extra.get("messages_written") for e in events] == [30]
+
+
+def test_an_empty_drain_emits_no_asset_event_unless_asked_to(tjs, names, tmp_path):
+    """Two drains of empty consumers in one real DAG run: the default leaves the table without
+    an asset event (a DAG scheduled on it does not run for nothing), the flag emits one."""
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+
+    tjs.run(tjs.admin.add_stream(names.stream, [names.subject]))
+    quiet, loud = tmp_path / "quiet", tmp_path / "loud"
+    (tmp_path / "q").mkdir()
+    (tmp_path / "l").mkdir()
+    quiet_config = write_config(tmp_path / "q", names, quiet)
+    loud_names = type(names)(stream=names.stream, consumer=names.consumer + "_loud",
+                             subject=names.subject, prefix=names.prefix)
+    loud_config = write_config(tmp_path / "l", loud_names, loud)
+    dag_id = f"drain_empty_{names.stream}"
+    dag = load_dag(write_dag(dag_id, f"""
+        with DAG(DAG_ID, schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
+                 catchup=False, default_args={{"on_failure_callback": record_failure}}) as dag:
+            JetStreamToDeltaOperator(task_id="quiet", config_path={str(quiet_config)!r},
+                                     nats_conn_id="nats_test")
+            JetStreamToDeltaOperator(task_id="loud", config_path={str(loud_config)!r},
+                                     nats_conn_id="nats_test", emit_empty_asset_event=True)
+        """))
+    dag_run = dag.test()
+
+    assert task_states(dag_run) == {"quiet": "success", "loud": "success"}, failures(dag_id)
+    assert xcom(dag_run, "quiet")["messages_written"] == 0
+    assert xcom(dag_run, "loud")["messages_written"] == 0
+    with create_session() as session:
+        def events(table):
+            return [e.extra.get("messages_written") for e in session.query(AssetEvent).join(
+                AssetEvent.asset).filter(AssetModel.uri == f"file://{table}").all()]
+
+        assert events(quiet) == []
+        assert events(loud) == [0]
+
+
+def test_spark_log_level_defaults_to_warn_and_can_be_turned_back(tmp_path, names):
+    from js_etl.airflow import JetStreamToDeltaOperator
+
+    config = write_config(tmp_path, names, tmp_path / "table")
+
+    def spark_conf(**kwargs):
+        op = JetStreamToDeltaOperator(task_id="t", config_path=config, **kwargs)
+        hook = op._submit_hook(["--config", str(config)], {}, {}, name="n", conf=op._spark_conf({}))
+        command = hook._build_spark_submit_command("job.py")
+        return [command[i + 1] for i, part in enumerate(command) if part == "--conf"]
+
+    assert "spark.log.level=WARN" in spark_conf()
+    assert "spark.log.level=INFO" in spark_conf(spark_log_level="info")
+    assert not any(c.startswith("spark.log.level=") for c in spark_conf(spark_log_level=None))
+    assert "spark.log.level=ERROR" in spark_conf(conf={"spark.log.level": "ERROR"})
+    with pytest.raises(ValueError, match="spark_log_level must be one of"):
+        JetStreamToDeltaOperator(task_id="t", config_path=config, spark_log_level="LOUD")
+
+
+def test_lineage_costs_nothing_until_asked_for(tmp_path, names):
+    """Importing the provider's modules and building an operator loads neither js-etl's lineage
+    module nor the OpenLineage client (the OpenLineage provider's listener asks for them)."""
+    import os
+    import subprocess
+
+    config = write_config(tmp_path, names, tmp_path / "table")
+    code = (
+        "import sys, json\n"
+        "from js_etl.airflow import JetStreamToDeltaOperator\n"
+        "import js_etl.airflow.queues, js_etl.airflow.sensors\n"
+        f"JetStreamToDeltaOperator(task_id='t', config_path={str(config)!r})\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m == 'js_etl.airflow.lineage'\n"
+        "                        or m.split('.')[0] == 'openlineage')))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120, check=False, env=os.environ.copy())
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == []
+
+
+def test_transport_injection_passes_an_http_transport_and_masks_its_key(tmp_path, names,
+                                                                        monkeypatch):
+    """The OpenLineage provider injects only HTTP transports (the suite's is a file one): here
+    the listener's client holds a real HttpTransport; its key goes to --conf, masked in logs."""
+    from types import SimpleNamespace
+
+    import airflow.providers.openlineage.utils.spark as ol_spark
+    from openlineage.client.transport.http import (
+        ApiKeyTokenProvider,
+        HttpConfig,
+        HttpTransport,
+    )
+
+    from js_etl.airflow import JetStreamToDeltaOperator
+
+    key = "ol-key-5d1c-not-in-any-log"
+    transport = HttpTransport(HttpConfig(url="http://lineage.internal:5000",
+                                         auth=ApiKeyTokenProvider({"apiKey": key})))
+    client = SimpleNamespace(transport=transport)
+    listener = SimpleNamespace(adapter=SimpleNamespace(
+        get_or_create_openlineage_client=lambda: client))
+    monkeypatch.setattr(ol_spark, "get_openlineage_listener", lambda: listener)
+
+    config = write_config(tmp_path, names, tmp_path / "table")
+    op = JetStreamToDeltaOperator(task_id="t", config_path=config,
+                                  openlineage_inject_transport_info=True)
+    conf = op._spark_conf({})
+    assert conf["spark.openlineage.transport.type"] == "http"
+    assert conf["spark.openlineage.transport.url"] == "http://lineage.internal:5000"
+    assert conf["spark.openlineage.transport.auth.apiKey"] == f"Bearer {key}"
+    assert conf["spark.log.level"] == "WARN"
+
+    from airflow.sdk._shared.secrets_masker.secrets_masker import redact
+
+    assert key not in str(redact(f"--conf spark.openlineage.transport.auth.apiKey=Bearer {key}"))
+    off = JetStreamToDeltaOperator(task_id="t", config_path=config,
+                                   openlineage_inject_transport_info=False)
+    assert not any(k.startswith("spark.openlineage.") for k in off._spark_conf({}))
+
+
+def test_cluster_deploy_mode_is_refused_before_spark_submit(tmp_path, names):
+    """The driver must run on the worker (report file, NATS credentials in its environment):
+    what the README gives as the reason ResumableJobMixin does not apply."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from js_etl.airflow import JetStreamToDeltaOperator
+
+    config = write_config(tmp_path, names, tmp_path / "table")
+    op = JetStreamToDeltaOperator(task_id="t", config_path=config, master="spark://m:7077",
+                                  spark_submit_kwargs={"deploy_mode": "cluster"})
+    with pytest.raises(AirflowFailException, match="needs client deploy mode"):
+        op._submit_hook(["--config", str(config)], {}, {}, name="n")
+    client = JetStreamToDeltaOperator(task_id="t", config_path=config, master="spark://m:7077",
+                                      spark_submit_kwargs={"deploy_mode": "client"})
+    assert client._submit_hook(["--config", str(config)], {}, {}, name="n")._connection[
+        "deploy_mode"] == "client"

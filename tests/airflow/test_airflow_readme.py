@@ -1,0 +1,40 @@
+"""The README's "Trying it locally" walkthrough: its Python snippets, run as written (bash
+heredocs, `$P` = the port of a real nats-server that is not on 4222)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+from airflow_support import REPO
+
+from js_etl.dev.server import LocalNatsServer
+from js_etl.jetstream import ConnectionOptions, JetStreamSession
+
+
+def _walkthrough_snippets() -> list[str]:
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("### Trying it locally", 1)[1].split("\n## ", 1)[0]
+    assert "/tmp/js-etl-airflow/" not in section.replace("W=/tmp/js-etl-airflow ", "")
+    return re.findall(r"python - <<'PY'[^\n]*\n(.*?)\nPY\n", section, flags=re.S)
+
+
+def test_walkthrough_publish_snippets_work_on_another_port(tmp_path):
+    snippets = _walkthrough_snippets()
+    assert len(snippets) == 2  # create + publish 5,000; publish 1,000 more
+    server = LocalNatsServer(tmp_path / "nats")
+    server.start()
+    try:
+        assert server.port != 4222
+        env = {**os.environ, "P": str(server.port)}
+        for snippet in snippets:
+            result = subprocess.run([sys.executable, "-c", snippet], env=env, cwd=REPO,
+                                    capture_output=True, text=True, timeout=120, check=False)
+            assert result.returncode == 0, result.stderr[-2000:]
+        assert result.stdout.strip() == "1000 published"
+        with JetStreamSession(ConnectionOptions(servers=(server.url,))) as js:
+            assert js.stream_info("DEMO").state.messages == 6000
+    finally:
+        server.stop()
