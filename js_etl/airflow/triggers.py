@@ -21,6 +21,13 @@ from js_etl.jetstream import JetStreamAdmin, JetStreamConnection
 
 SUCCESS = "success"
 ERROR = "error"
+# What both triggers serialise: the connection *id*, names and numbers, never a secret.
+_SERIALISED = ("nats_conn_id", "stream", "consumer", "min_pending", "poll_interval")
+
+
+def _serialized(trigger: BaseTrigger) -> tuple[str, dict[str, Any]]:
+    return (f"{type(trigger).__module__}.{type(trigger).__qualname__}",
+            {name: getattr(trigger, name) for name in _SERIALISED})
 
 
 def error_payload(error: BaseException, *, stream: str, consumer: str) -> dict[str, Any]:
@@ -59,13 +66,7 @@ class JetStreamBacklogTrigger(BaseTrigger):
         self._conn: JetStreamConnection | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (f"{type(self).__module__}.{type(self).__qualname__}", {
-            "nats_conn_id": self.nats_conn_id,
-            "stream": self.stream,
-            "consumer": self.consumer,
-            "min_pending": self.min_pending,
-            "poll_interval": self.poll_interval,
-        })
+        return _serialized(self)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         try:
@@ -151,13 +152,7 @@ class JetStreamBacklogEventTrigger(BaseEventTrigger):
         self.min_pending, self.poll_interval = _check_event_args(min_pending, poll_interval)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (f"{type(self).__module__}.{type(self).__qualname__}", {
-            "nats_conn_id": self.nats_conn_id,
-            "stream": self.stream,
-            "consumer": self.consumer,
-            "min_pending": self.min_pending,
-            "poll_interval": self.poll_interval,
-        })
+        return _serialized(self)
 
     def shared_stream_key(self) -> Hashable | None:
         # Only what open_shared_stream reads: min_pending is applied per watcher in the filter.

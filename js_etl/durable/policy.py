@@ -166,11 +166,12 @@ def check_priority_settings(config: JobConfig, info: ConsumerInfo) -> PriorityPo
     return policy
 
 
-def source_stream_info(js: JetStreamSession, stream: str) -> StreamInfo:
-    """``source.stream``'s info; a missing stream names the setting to check."""
+def source_stream_info(js: JetStreamSession, stream: str, setting: str = "source.stream"
+                       ) -> StreamInfo:
+    """The stream's info; a missing stream names the setting (or option) to check."""
     try:
         return js.stream_info(stream)
     except StreamNotFoundError as e:
-        raise StreamNotFoundError(f"stream {stream!r} not found: check source.stream "
+        raise StreamNotFoundError(f"stream {stream!r} not found: check {setting} "
                                   f"(server said: {e.description})", code=e.code,
                                   err_code=e.err_code) from None

@@ -46,12 +46,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from js_etl.config.model import DecodeConfig, FetchConfig, NatsConfig, TlsConfig
+from js_etl.durable.policy import source_stream_info
 from js_etl.errors import ConfigError, JsEtlError, RangeError
 from js_etl.faults import fail_first_attempt
 from js_etl.instant import format_instant, parse_instant
-from js_etl.jetstream import ConnectionOptions, JetStreamSession, StreamInfo
+from js_etl.jetstream import ConnectionOptions, JetStreamSession
 from js_etl.jetstream.admin import first_message_at_or_after
-from js_etl.jetstream.errors import StreamNotFoundError
 from js_etl.spark.decode import ORIGIN_COLUMNS
 from js_etl.spark.read_range import (
     RangeFetchPlan,
@@ -317,22 +317,13 @@ def plan_read(parsed: SourceOptions) -> ReadPlan:
     options = parsed.nats.connection_options()
     options.check_files()
     with JetStreamSession(options) as js:
-        stream = _stream_info(js, parsed.stream)
+        stream = source_stream_info(js, parsed.stream, "the option stream")
         found = resolve_sequences(js, stream, parsed.request, SPELLING)
     fetch = parsed.fetch
     return ReadPlan(options=options, stream=parsed.stream, lo=found.lo, hi=found.hi,
                     filter_subjects=parsed.filter_subjects, batch=fetch.batch,
                     max_bytes=fetch.max_bytes, pull_timeout=fetch.pull_timeout,
                     partitions=fetch.partitions, decode=parsed.decode, notes=found.notes)
-
-
-def _stream_info(js: JetStreamSession, name: str) -> StreamInfo:
-    try:
-        return js.stream_info(name)
-    except StreamNotFoundError as e:
-        raise StreamNotFoundError(f"stream {name!r} not found: check the option stream "
-                                  f"(server said: {e.description})", code=e.code,
-                                  err_code=e.err_code) from None
 
 
 # --- pushdown -------------------------------------------------------------------------------
