@@ -35,19 +35,18 @@ rows), so nothing is silently dropped.
 
 from __future__ import annotations
 
-import difflib
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from js_etl.config.model import DecodeConfig, FetchConfig, NatsConfig, TlsConfig
+from js_etl.config.model import DecodeConfig
 from js_etl.durable.policy import source_stream_info
-from js_etl.errors import ConfigError, JsEtlError, RangeError
+from js_etl.errors import ConfigError, JsEtlError
 from js_etl.faults import fail_first_attempt
 from js_etl.instant import format_instant, parse_instant
 from js_etl.jetstream import ConnectionOptions, JetStreamSession
@@ -55,13 +54,13 @@ from js_etl.jetstream.admin import first_message_at_or_after
 from js_etl.spark.decode import ORIGIN_COLUMNS
 from js_etl.spark.read_range import (
     RangeFetchPlan,
-    RangeRequest,
     Spelling,
     read_range,
     resolve_sequences,
     split_range,
 )
 from js_etl.spark.source_decode import BatchDecoder
+from js_etl.spark.source_options import SourceOptions
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -92,34 +91,6 @@ FAULT_PROPERTY = "js_etl.fault"  # sc.setLocalProperty: tests break a read task 
 MIN_INACTIVE_THRESHOLD = 30.0  # seconds an abandoned ephemeral consumer outlives its task
 SPELLING = Spelling(what="read", cli=False)
 
-# option -> the config key that checks it (same kinds and rules as the job config's)
-_CONNECTION = {
-    "servers": "servers", "name": "name", "connect_timeout": "connect_timeout",
-    "domain": "domain", "creds_file": "creds_file", "nkey_seed_file": "nkey_seed_file",
-    "token_env": "token_env", "token_file": "token_file", "user": "user",
-    "password_env": "password_env", "password_file": "password_file",
-}
-_TLS = {"tls_ca_file": "ca_file", "tls_cert_file": "cert_file", "tls_key_file": "key_file"}
-_FETCH = {"partitions": "partitions", "batch": "batch", "max_bytes": "max_bytes",
-          "pull_timeout": "pull_timeout"}
-_DECODE = {"decode": "format", "schema": "schema", "keep_raw": "keep_raw"}
-_RANGE = ("from_seq", "to_seq", "from_time", "to_time")
-OPTIONS = (*_CONNECTION, *_TLS, "stream", "filter_subjects", *_RANGE, *_FETCH, *_DECODE)
-# Options are shown in query plans, the Spark UI and logs: a secret given as an option leaks.
-_SECRET_OPTIONS = {
-    "token": "token_env (name of an environment variable) or token_file",
-    "password": "password_env (name of an environment variable) or password_file",
-    "pass": "password_env (name of an environment variable) or password_file",
-    "nkey_seed": "nkey_seed_file (path of the seed file) or creds_file",
-    "seed": "nkey_seed_file (path of the seed file) or creds_file",
-    "nkey": "nkey_seed_file (path of the seed file) or creds_file",
-    "creds": "creds_file (path of the .creds file)",
-    "jwt": "creds_file (path of the .creds file)",
-    "user_jwt": "creds_file (path of the .creds file)",
-}
-_SECRET_VALUE = re.compile(r"-----BEGIN NATS USER JWT-----|^S[A-Z]A[A-Z2-7]{50,}$", re.M)
-
-
 def register(spark: SparkSession) -> None:
     """Make ``spark.read.format("nats_jetstream")`` available in this SparkSession.
 
@@ -129,112 +100,6 @@ def register(spark: SparkSession) -> None:
     """
     spark.dataSource.register(NatsJetStreamSource)
     spark.conf.set(PUSHDOWN_CONF, "true")
-
-
-# --- options --------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class SourceOptions:
-    """The checked options of one read (no NATS needed to build them)."""
-
-    nats: NatsConfig
-    stream: str
-    filter_subjects: tuple[str, ...]
-    request: RangeRequest
-    fetch: FetchConfig
-    decode: DecodeConfig
-
-    @classmethod
-    def parse(cls, options: Mapping[str, str]) -> SourceOptions:
-        given = {k.lower(): v for k, v in options.items() if k.lower() != "path"}
-        for key, value in given.items():
-            if key in _SECRET_OPTIONS:
-                raise ConfigError(
-                    f"option {key!r} is refused: options are visible in query plans, the Spark "
-                    f"UI and logs, so a secret must not be one; use {_SECRET_OPTIONS[key]}")
-            if key not in OPTIONS:
-                close = difflib.get_close_matches(key, OPTIONS, n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise ConfigError(f"unknown option {key!r}{hint}; options: {', '.join(OPTIONS)}")
-            if _SECRET_VALUE.search(str(value)):
-                raise ConfigError(
-                    f"option {key!r} looks like a credential itself (a JWT or an nkey seed): "
-                    "options are visible in query plans, the Spark UI and logs; give the path "
-                    "of the file instead (creds_file, nkey_seed_file)")
-        stream = given.get("stream")
-        if not stream:
-            raise ConfigError("option 'stream' is required: the stream to read")
-        with _naming_options():
-            nats = NatsConfig(**{_CONNECTION[k]: _typed(v) for k, v in given.items()
-                                 if k in _CONNECTION},
-                              tls=TlsConfig(**{_TLS[k]: v for k, v in given.items()
-                                               if k in _TLS}))
-            fetch = FetchConfig(**{_FETCH[k]: _typed(v) for k, v in given.items()
-                                   if k in _FETCH})
-            decoding: dict[str, Any] = {_DECODE[k]: v if k != "keep_raw" else _typed(v)
-                                        for k, v in given.items() if k in _DECODE}
-            # Its checks name clashes with js-etl's columns; Spark itself parses the DDL when
-            # load() gets the schema (a Python worker has no SparkContext to parse it with).
-            decode = DecodeConfig(**decoding)
-        filters = tuple(s.strip() for s in given.get("filter_subjects", "").split(",")
-                        if s.strip())
-        return cls(nats, stream, filters, _request(given), fetch, decode)
-
-
-def _typed(text: str) -> Any:
-    """Option values are strings; read them as the YAML config reads env/--set values."""
-    import yaml
-
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
-
-
-def _request(given: Mapping[str, str]) -> RangeRequest:
-    seqs: dict[str, int | None] = {}
-    for key in ("from_seq", "to_seq"):
-        text = given.get(key)
-        if text is None:
-            seqs[key] = None
-        elif not text.strip().isdigit() or int(text) < 1:
-            raise RangeError(f"option {key} must be a stream sequence (1 or more), got {text!r}")
-        else:
-            seqs[key] = int(text)
-    times = {k: parse_instant(given[k], f"option {k}") if k in given else None
-             for k in ("from_time", "to_time")}
-    if seqs["from_seq"] is not None and times["from_time"] is not None:
-        raise RangeError("give at most one start: from_seq or from_time")
-    if seqs["to_seq"] is not None and times["to_time"] is not None:
-        raise RangeError("give at most one end: to_seq or to_time")
-    lo, hi = seqs["from_seq"], seqs["to_seq"]
-    if lo is not None and hi is not None and hi < lo:
-        raise RangeError(f"empty range: to_seq {hi} is before from_seq {lo}")
-    start, end = times["from_time"], times["to_time"]
-    if start is not None and end is not None and end < start:
-        raise RangeError(f"empty range: to_time {format_instant(end)} is before from_time "
-                         f"{format_instant(start)}")
-    return RangeRequest(lo, hi, start, end)
-
-
-_CONFIG_KEYS = {**{f"nats.{v}": k for k, v in _CONNECTION.items()},
-                **{f"nats.tls.{v}": k for k, v in _TLS.items()},
-                **{f"fetch.{v}": k for k, v in _FETCH.items()},
-                **{f"decode.{v}": k for k, v in _DECODE.items()}}
-_CONFIG_KEY = re.compile("|".join(re.escape(k) for k in sorted(_CONFIG_KEYS, key=len,
-                                                                reverse=True)))
-
-
-class _naming_options:
-    """Rewrite the config's key names (``nats.token_env``) in errors as option names."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 tb: object) -> None:
-        if isinstance(error, ConfigError):
-            text = _CONFIG_KEY.sub(lambda m: f"option {_CONFIG_KEYS[m.group(0)]}", str(error))
-            raise type(error)(text.replace("--set ", "")) from None
 
 
 # --- schema ---------------------------------------------------------------------------------
