@@ -16,6 +16,18 @@ with a raw-socket client recording the exact frames;
   Every pull therefore has a client deadline, after which its inbox is unsubscribed so the
   server drops the request and delivers nothing more to it.
 
+**Replicated consumers (R>1): a 409 can overtake its own pull's data.** On an R>1 explicit-ack
+consumer the leader holds each delivery until the consumer's Raft group has the delivered state
+(nats-server ``consumer.go`` ``deliverMsg`` → ``addReplicatedQueuedMsg``), and makes 404/408 wait
+for those deliveries (``waitingDeliveries``). ``409 Batch Completed`` (sent when ``batch`` is used
+up but bytes are left) and ``409 Message Size Exceeds MaxBytes`` go out at once, so on R3 they
+arrive *before* some or all of the data frames (measured in ``tests/cluster/test_cluster_pull.py``:
+8 pulls of 2,000 × 100 B on R3 received as few as 0 of the 2,000 frames by the 409; R1: all).
+What the server does promise: those statuses carry ``Nats-Pending-Messages`` = the request's
+batch still unused, so ``batch - Nats-Pending-Messages`` frames were delivered to this pull. We
+keep listening until that many arrived (bounded by the pull's deadline, after which the inbox is
+dropped as for any deadline). See docs/reference/clustered-jetstream.md.
+
 A single message larger than ``max_bytes`` blocks a consumer for good (every retry answers 409
 at once); :meth:`Puller.pull` detects that and fetches the message alone without ``max_bytes``.
 """
@@ -135,8 +147,10 @@ class _Collector:
     __slots__ = (
         "_batch",
         "_done",
+        "_due",
         "_max_bytes",
         "_reply_to",
+        "_request_batch",
         "bytes",
         "messages",
         "pin_id",
@@ -151,9 +165,12 @@ class _Collector:
         # Without max_bytes a full batch gets no terminator, so we count. With max_bytes it
         # does (409 Batch Completed) and only an exactly used-up budget gets none.
         self._batch = request.batch if not request.max_bytes else None
+        self._request_batch = request.batch
         self._max_bytes = request.max_bytes
         self._reply_to = reply_to
         self._done = done
+        # Frames still due after a status that overtook them (R>1 consumers, see module doc).
+        self._due = 0
 
     def on_frame(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
         if self._done.done():
@@ -165,15 +182,31 @@ class _Collector:
             if status.code == 100:
                 return  # idle heartbeat
             self.status = status
-            self._done.set_result(None)
+            self._due = self._frames_due(status)
+            if self._due <= 0:
+                self._done.set_result(None)
             return
         if headers and PIN_HEADER in headers:
             self.pin_id = Status.parse(headers).header("Nats-Pin-Id")
         self.messages.append(JsMessage(subject.decode(), data, reply.decode(), headers))
         self.bytes += len(subject) + len(reply) + len(headers or b"") + len(data)
-        if (self._batch is not None and len(self.messages) >= self._batch) or (
+        if self.status is not None:
+            self._due -= 1
+            if self._due <= 0:
+                self._done.set_result(None)
+        elif (self._batch is not None and len(self.messages) >= self._batch) or (
                 self._max_bytes and self.bytes >= self._max_bytes):
             self._done.set_result(None)
+
+    def _frames_due(self, status: Status) -> int:
+        """Data frames of this pull not yet received when ``status`` came: the server's
+        ``Nats-Pending-Messages`` is the batch left unused, so ``batch - pending`` were delivered.
+        Statuses without the header (404 at once, 409 Leadership Change, ...) promise nothing."""
+        pending = status.header("Nats-Pending-Messages")
+        if pending is None or not pending.lstrip("-").isdigit():
+            return 0
+        delivered = self._request_batch - max(int(pending), 0)
+        return delivered - len(self.messages)
 
 
 class Puller:
