@@ -9,9 +9,11 @@ with a raw-socket client recording the exact frames;
 * ``batch`` messages arrived: **no terminator** is sent, so we count.
 * ``max_bytes`` consumed exactly: **no terminator** either, so we count bytes with the server's
   formula (subject + reply + header block + payload).
-* a status frame: 404 (nothing more), 408 (expired / Requests Pending), 409 (batch completed,
-  max bytes, consumer deleted, request limits), 400 (bad request, priority group), 423 (pin),
-  503 (no consumer / JetStream unavailable). 100 is a heartbeat and never ends a pull.
+* a status frame: 404 (nothing more; on R>1 consumers a no_wait pull that delivered some
+  messages ends with 408 Request Timeout instead, read as 404), 408 (expired / Requests
+  Pending), 409 (batch completed, max bytes, consumer deleted, request limits), 400 (bad
+  request, priority group), 423 (pin), 503 (no consumer / JetStream unavailable). 100 is a
+  heartbeat and never ends a pull.
 * nothing at all: a no_wait pull that hits ``max_ack_pending`` waits on the server for ever.
   Every pull therefore has a client deadline, after which its inbox is unsubscribed so the
   server drops the request and delivers nothing more to it.
@@ -303,6 +305,12 @@ class Puller:
             return PullEnd.BATCH_FULL if len(c.messages) >= request.batch else PullEnd.BYTES_FULL
         code, text = c.status.code, c.status.description
         if code == 404:
+            return PullEnd.NO_MESSAGES
+        if code == 408 and text == "Request Timeout" and request.no_wait and not request.expires:
+            # A no_wait pull without `expires` cannot expire: on an R>1 consumer this is how the
+            # server ends one that reached the end after delivering some messages (404 on one
+            # server), sent once those deliveries are replicated (nats-server
+            # jetstream_cluster.go, waitingDeliveries; tests/cluster/test_cluster_semantics.py).
             return PullEnd.NO_MESSAGES
         if code == 408:
             return PullEnd.REQUESTS_PENDING if text == "Requests Pending" else PullEnd.EXPIRED
