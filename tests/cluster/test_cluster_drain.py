@@ -43,6 +43,18 @@ def _setup(cjs: JetStreamSession, names: Any, n: int) -> None:
     cjs.run(wait_for_messages(cjs.conn, names.stream, n))
 
 
+def _has_leader(cjs: JetStreamSession, names: Any) -> bool:
+    """Stream and consumer both answer from a leader (after a kill: a new one elected)."""
+    for api in (f"STREAM.INFO.{names.stream}", f"CONSUMER.INFO.{names.stream}.{names.consumer}"):
+        try:
+            info = raw(cjs, api)
+        except JetStreamError:
+            return False
+        if not (info.get("cluster") or {}).get("leader"):
+            return False
+    return True
+
+
 def _assert_exactly_once(cjs: JetStreamSession, names: Any, table: Path, n: int) -> None:
     rows = DeltaTable(str(table)).to_pyarrow_table(columns=["stream", "seq", "id"])
     assert set(rows.column("stream").to_pylist()) == {names.stream}
@@ -94,15 +106,49 @@ def test_consumer_leader_step_down_mid_run_loses_and_duplicates_nothing(
         written = -1  # the documented transient failure: the next run must finish the job
     assert stepped, "the run ended before its first round completed"
 
-    def new_leader() -> bool:
-        try:
-            leader = (raw(cjs, f"CONSUMER.INFO.{names.stream}.{names.consumer}")
-                      .get("cluster") or {}).get("leader")
-        except JetStreamError:
-            return False
-        return bool(leader)
-    wait_for(new_leader, 60, "a consumer leader after the step-down")
+    wait_for(lambda: _has_leader(cjs, names), 60, "a consumer leader after the step-down")
     if written != n:
         second = run_drain(spark, config)
         assert second.stopped_because in ("drained", "target_reached")
     _assert_exactly_once(cjs, names, table, n)
+
+
+@pytest.mark.parametrize("role", ["CONSUMER", "STREAM"])
+def test_leader_sigkilled_mid_run_loses_and_duplicates_nothing(
+        spark: Any, nats_cluster: Any, names: Any, tmp_path: Path, role: str) -> None:
+    n = 6_000
+    # Its own session: the killed node may be the one a shared session talks to.
+    with JetStreamSession(nats_cluster.options("leader-kill")) as cjs:
+        _setup(cjs, names, n)
+        table = tmp_path / "table"
+        killed: list[Any] = []
+        api = (f"CONSUMER.INFO.{names.stream}.{names.consumer}" if role == "CONSUMER"
+               else f"STREAM.INFO.{names.stream}")
+
+        def kill_leader_once(report: Any) -> None:
+            if killed:
+                return
+            leader = raw(cjs, api)["cluster"]["leader"]
+            node = nats_cluster.node_of(leader)
+            node.stop(kill=True)
+            killed.append(node)
+
+        config = _config(names, nats_cluster.urls, table, "fetch.max_bytes=64KiB",
+                         "fetch.partition_max_bytes=128KiB")
+        try:
+            try:
+                first = run_drain(spark, config, progress=AfterEachRound(kill_leader_once))
+                written = first.messages_written
+            except TransientError:
+                written = -1  # the documented transient exit: the next run must finish
+            assert killed, "the run ended before its first round completed"
+            # As an operator retrying after exit 75: once the consumer has a leader again.
+            wait_for(lambda: _has_leader(cjs, names), 90, "a consumer leader after the kill")
+            if written != n:
+                second = run_drain(spark, config)
+                assert second.stopped_because in ("drained", "target_reached")
+            _assert_exactly_once(cjs, names, table, n)
+        finally:
+            for node in killed:
+                node.start(timeout=60)
+            nats_cluster.wait_meta_leader()
