@@ -1,9 +1,8 @@
 """Fixtures of the clustered tests: one 3-node JetStream cluster per test session.
 
 Every test here is marked ``cluster`` (``make test-cluster`` runs only them, 13 tests in 143 s
-on the shared 2-core box; ``make test`` runs
-them with the rest). The cluster costs about 2.5 s to start on this box (3 processes, a meta
-leader elected; measured with ``tests/support/nats_cluster.py``).
+on the shared 2-core box; ``make test`` runs them with the rest). The cluster takes about 2.3 s
+to start (3 processes, a meta leader elected; measured with ``tests/support/nats_cluster.py``).
 """
 
 from __future__ import annotations
