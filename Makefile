@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test test-unit lint soak bench clean nats-cli
+.PHONY: setup demo test test-unit test-cluster lint soak bench clean nats-cli
 
 # The real NATS CLI for the tests that run every `nats …` command js-etl or the README prints.
 # The test fixture (tests/conftest.py: nats_cli) builds it the same way when it is missing.
@@ -29,6 +29,11 @@ test: setup lint
 # Pure-logic tests only (tests/unit: no nats-server, no JVM): seconds, for quick feedback.
 test-unit: setup
 	$(BIN)/python -m pytest tests/unit
+
+# Only the tests against a 3-node nats-server cluster (tests/cluster, marker `cluster`); `make test`
+# runs them too.
+test-cluster: setup
+	$(BIN)/python -m pytest -m cluster tests/cluster
 
 # Types and lint, both configured in pyproject.toml; part of `make test`.
 lint: setup

@@ -9,12 +9,26 @@ with a raw-socket client recording the exact frames;
 * ``batch`` messages arrived: **no terminator** is sent, so we count.
 * ``max_bytes`` consumed exactly: **no terminator** either, so we count bytes with the server's
   formula (subject + reply + header block + payload).
-* a status frame: 404 (nothing more), 408 (expired / Requests Pending), 409 (batch completed,
-  max bytes, consumer deleted, request limits), 400 (bad request, priority group), 423 (pin),
-  503 (no consumer / JetStream unavailable). 100 is a heartbeat and never ends a pull.
+* a status frame: 404 (nothing more; on R>1 consumers a no_wait pull that delivered some
+  messages ends with 408 Request Timeout instead, read as 404), 408 (expired / Requests
+  Pending), 409 (batch completed, max bytes, consumer deleted, request limits), 400 (bad
+  request, priority group), 423 (pin), 503 (no consumer / JetStream unavailable). 100 is a
+  heartbeat and never ends a pull.
 * nothing at all: a no_wait pull that hits ``max_ack_pending`` waits on the server for ever.
   Every pull therefore has a client deadline, after which its inbox is unsubscribed so the
   server drops the request and delivers nothing more to it.
+
+**Replicated consumers (R>1): a 409 can overtake its own pull's data.** On an R>1 explicit-ack
+consumer the leader holds each delivery until the consumer's Raft group has the delivered state
+(nats-server ``consumer.go`` ``deliverMsg`` → ``addReplicatedQueuedMsg``), and makes 404/408 wait
+for those deliveries (``waitingDeliveries``). ``409 Batch Completed`` (sent when ``batch`` is used
+up but bytes are left) and ``409 Message Size Exceeds MaxBytes`` go out at once, so on R3 they
+arrive *before* some or all of the data frames (measured in ``tests/cluster/test_cluster_pull.py``:
+8 pulls of 2,000 × 100 B on R3 received as few as 0 of the 2,000 frames by the 409; R1: all).
+What the server does promise: those statuses carry ``Nats-Pending-Messages`` = the request's
+batch still unused, so ``batch - Nats-Pending-Messages`` frames were delivered to this pull. We
+keep listening until that many arrived (bounded by the pull's deadline, after which the inbox is
+dropped as for any deadline). See docs/reference/clustered-jetstream.md.
 
 A single message larger than ``max_bytes`` blocks a consumer for good (every retry answers 409
 at once); :meth:`Puller.pull` detects that and fetches the message alone without ``max_bytes``.
@@ -135,8 +149,10 @@ class _Collector:
     __slots__ = (
         "_batch",
         "_done",
+        "_due",
         "_max_bytes",
         "_reply_to",
+        "_request_batch",
         "bytes",
         "messages",
         "pin_id",
@@ -151,9 +167,12 @@ class _Collector:
         # Without max_bytes a full batch gets no terminator, so we count. With max_bytes it
         # does (409 Batch Completed) and only an exactly used-up budget gets none.
         self._batch = request.batch if not request.max_bytes else None
+        self._request_batch = request.batch
         self._max_bytes = request.max_bytes
         self._reply_to = reply_to
         self._done = done
+        # Frames still due after a status that overtook them (R>1 consumers, see module doc).
+        self._due = 0
 
     def on_frame(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
         if self._done.done():
@@ -165,15 +184,31 @@ class _Collector:
             if status.code == 100:
                 return  # idle heartbeat
             self.status = status
-            self._done.set_result(None)
+            self._due = self._frames_due(status)
+            if self._due <= 0:
+                self._done.set_result(None)
             return
         if headers and PIN_HEADER in headers:
             self.pin_id = Status.parse(headers).header("Nats-Pin-Id")
         self.messages.append(JsMessage(subject.decode(), data, reply.decode(), headers))
         self.bytes += len(subject) + len(reply) + len(headers or b"") + len(data)
-        if (self._batch is not None and len(self.messages) >= self._batch) or (
+        if self.status is not None:
+            self._due -= 1
+            if self._due <= 0:
+                self._done.set_result(None)
+        elif (self._batch is not None and len(self.messages) >= self._batch) or (
                 self._max_bytes and self.bytes >= self._max_bytes):
             self._done.set_result(None)
+
+    def _frames_due(self, status: Status) -> int:
+        """Data frames of this pull not yet received when ``status`` came: the server's
+        ``Nats-Pending-Messages`` is the batch left unused, so ``batch - pending`` were delivered.
+        Statuses without the header (404 at once, 409 Leadership Change, ...) promise nothing."""
+        pending = status.header("Nats-Pending-Messages")
+        if pending is None or not pending.lstrip("-").isdigit():
+            return 0
+        delivered = self._request_batch - max(int(pending), 0)
+        return delivered - len(self.messages)
 
 
 class Puller:
@@ -270,6 +305,12 @@ class Puller:
             return PullEnd.BATCH_FULL if len(c.messages) >= request.batch else PullEnd.BYTES_FULL
         code, text = c.status.code, c.status.description
         if code == 404:
+            return PullEnd.NO_MESSAGES
+        if code == 408 and text == "Request Timeout" and request.no_wait and not request.expires:
+            # A no_wait pull without `expires` cannot expire: on an R>1 consumer this is how the
+            # server ends one that reached the end after delivering some messages (404 on one
+            # server), sent once those deliveries are replicated (nats-server
+            # jetstream_cluster.go, waitingDeliveries; tests/cluster/test_cluster_semantics.py).
             return PullEnd.NO_MESSAGES
         if code == 408:
             return PullEnd.REQUESTS_PENDING if text == "Requests Pending" else PullEnd.EXPIRED

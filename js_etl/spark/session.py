@@ -30,9 +30,15 @@ DELTA_CONF = {
 
 def configure_delta(builder: SparkSession.Builder, *, jars: list[str] | None = None
                     ) -> SparkSession.Builder:
-    """Add Delta (jars, extension, catalog) to a session builder."""
+    """Add Delta (jars, extension, catalog) to a session builder.
+
+    ``jars=[]`` adds no jars and leaves ``spark.jars`` alone: under spark-submit it holds the
+    ``--jars`` list, and setting it to ``""`` here wiped it, so executors on a cluster got no
+    Delta classes (issue 18; tests/cluster/test_spark_submit_jars.py).
+    """
     jar_list = jars if jars is not None else delta_jars()
-    builder = builder.config("spark.jars", ",".join(jar_list))
+    if jar_list:
+        builder = builder.config("spark.jars", ",".join(jar_list))
     for key, value in DELTA_CONF.items():
         builder = builder.config(key, value)
     return builder
