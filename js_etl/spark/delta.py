@@ -27,7 +27,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("js_etl.delta")
 
+EVERY_SEQ = 2**63 - 1  # the highest stream sequence: "up to the end"
 MERGE_ATTEMPTS = 5  # a MERGE that loses to concurrent commits this often fails transiently
 
 ACK_KEY_COLUMNS = ("seq", "num_delivered", "consumer_seq")
@@ -180,13 +181,38 @@ class DeltaTarget:
         committed around ours)."""
         if first >= last:
             return last
+        found = self._tagged(spark, range(last, first - 1, -1), tag.__eq__)
+        return found[0] if found else last
+
+    def last_round_seqs(self, spark: SparkSession, job: str) -> tuple[int, int] | None:
+        """``(first, last)`` stream seqs of ``job``'s last round in this table, as its commit tag
+        names them; None when the job never committed here; ``(1, EVERY_SEQ)`` when that
+        commit's log file is gone (cleaned up after a checkpoint), so a caller clamping to its
+        window takes all of it. Walks back from the version that recorded the round, past other
+        writers' commits: one small log file each, read on the driver."""
+        from py4j.protocol import Py4JJavaError
+
+        round_no, version = self.job_round(spark, job)
+        if round_no == 0:
+            return None
+        try:
+            found = self._tagged(spark, range(version, -1, -1),
+                                 lambda tag: tag.job == job and tag.round == round_no)
+        except Py4JJavaError:  # FileNotFoundException: the log file was cleaned up
+            found = None
+        return (found[1].first_seq, found[1].last_seq) if found else (1, EVERY_SEQ)
+
+    def _tagged(self, spark: SparkSession, versions: Iterable[int],
+                match: Callable[[CommitTag], bool]) -> tuple[int, CommitTag] | None:
+        """The first of ``versions`` whose commit carries a tag ``match`` accepts."""
         location = self.location(spark)
-        for version in range(last, first - 1, -1):
+        for version in versions:
             for action in log_actions(spark, location, version):
                 info = action.get("commitInfo")
-                if info and CommitTag.from_json(info.get("userMetadata")) == tag:
-                    return version
-        return last
+                tag = CommitTag.from_json(info.get("userMetadata")) if info else None
+                if tag is not None and match(tag):
+                    return version, tag
+        return None
 
 
 class JobTables(NamedTuple):

@@ -295,38 +295,16 @@ class Drain:
         self.pin.take_over(js, info, lock.previous.pin_id if lock.previous else None)
         if info.num_ack_pending == 0:
             return  # nothing delivered and unacked: nothing to finish, no Spark job
-        from js_etl.spark.delta import CommitTag, log_actions
-
         floor, delivered = info.ack_floor.stream_seq, info.delivered.stream_seq
-
-        def last_round_range(table: Any) -> tuple[int, int]:
-            """``(first, last)`` stream seqs of the job's last round in ``table``, within the
-            window; the whole window when its commit cannot be found (log files cleaned up)."""
-            job = self.config.job_id
-            round_no, version = table.job_round(self.spark, job)
-            if round_no == 0:
-                return 1, 0  # this job never committed here: nothing to re-ack
-            location = table.location(self.spark)
-            # Walk back past other writers' commits (tests/spark/test_exactly_once.py puts 101
-            # on top); one small log file each, read on the driver.
-            for v in range(version, -1, -1):
-                try:
-                    actions = log_actions(self.spark, location, v)
-                except Exception:  # a cleaned-up log file (py4j error): fall back below
-                    break
-                for action in actions:
-                    commit = action.get("commitInfo")
-                    tag = CommitTag.from_json(commit.get("userMetadata")) if commit else None
-                    if tag is not None and tag.job == job and tag.round == round_no:
-                        return max(floor + 1, tag.first_seq), min(delivered, tag.last_seq)
-            return floor + 1, delivered
-
         reacked = 0
         for table in self.tables:
             dead = table is self.dead_letters
-            first, last = last_round_range(table)
+            seqs = table.last_round_seqs(self.spark, self.config.job_id)
+            if seqs is None:
+                continue  # this job never committed here
+            first, last = max(floor + 1, seqs[0]), min(delivered, seqs[1])
             if first > last:
-                continue
+                continue  # its last round is all at or below the ack floor: acked
             keys = ack_keys(rows_in_range(self.spark, table, self.source.stream, first, last),
                             with_error=dead)
             reacked += self._ack(js, lock, keys, dead=dead)
