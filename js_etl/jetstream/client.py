@@ -253,7 +253,22 @@ class JetStreamConnection:
         subject = f"{self.options.api_prefix}.{api}"
         payload = json.dumps(body).encode() if body is not None else b""
         try:
-            msg = await self.nc.request(subject, payload, timeout=timeout)
+            reconnects = self.reconnects
+            try:
+                msg = await self.nc.request(subject, payload, timeout=timeout)
+            except nats.errors.TimeoutError:
+                if self.reconnects == reconnects:
+                    raise
+                # The request went out on a socket the server had already closed, and nats-py
+                # reconnected while we waited: send it once more. This is what a synchronous
+                # session meets after idling: its event loop runs only during calls, so the
+                # server's PINGs go unanswered and the server closes the connection as stale
+                # (default ping_interval 2 min x ping_max 2: a driver waiting ~6 min on a long
+                # Spark phase). Measured: server with ping_interval 200ms, ping_max 1, a session
+                # idle 3 s — STREAM.INFO timed out after 5 s with reconnects 0 -> 1
+                # (tests/jetstream/test_jetstream_connection.py). The API calls js-etl makes are
+                # reads or idempotent (INFO, MSG.GET, consumer create with the same config).
+                msg = await self.nc.request(subject, payload, timeout=timeout)
         except nats.errors.NoRespondersError as e:
             raise NatsUnavailableError(
                 f"no JetStream answered {subject}: is JetStream enabled on the server "

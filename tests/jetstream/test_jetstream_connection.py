@@ -5,6 +5,7 @@ blocking facade in reused Spark-style workers. Each server here is started and s
 from __future__ import annotations
 
 import asyncio
+import json
 import pickle
 import socket
 import subprocess
@@ -12,6 +13,7 @@ import sys
 import textwrap
 import threading
 import time
+import urllib.request
 
 import pytest
 from streams import (
@@ -23,7 +25,7 @@ from streams import (
     wait_until,
 )
 
-from js_etl.dev.server import LocalNatsServer
+from js_etl.dev.server import LocalNatsServer, free_port
 from js_etl.errors import TerminalError, TransientError
 from js_etl.jetstream import (
     ConnectionOptions,
@@ -229,3 +231,28 @@ def test_pulls_across_a_server_restart():
             ack(js, [m.reply for m in again.messages])
             info = wait_until(lambda: js.consumer_info("R", "c"), lambda i: i.num_ack_pending == 0)
             assert info.ack_floor.stream_seq == 3
+
+
+def test_a_session_the_server_closed_as_stale_answers_its_next_request(tmp_path):
+    """A synchronous session's loop runs only during calls, so while its caller works (a driver
+    waiting on Spark) the server's PINGs go unanswered and the server closes the connection as
+    stale. The next API request must still be answered, not time out into a failed run."""
+    http = free_port()
+    server = LocalNatsServer(tmp_path, config_text=(
+        f'http: 127.0.0.1:{http}\nping_interval: "200ms"\nping_max: 1\n')).start()
+    try:
+        with JetStreamSession(ConnectionOptions(servers=(server.url,), name="idle")) as js:
+            js.run(js.admin.add_stream("STALE", ["stale.>"]))
+
+            def closed_as_stale() -> list[dict]:
+                with urllib.request.urlopen(
+                        f"http://127.0.0.1:{http}/connz?state=closed", timeout=5) as answer:
+                    return [c for c in json.load(answer).get("connections") or []
+                            if c.get("name") == "idle" and "Stale" in c.get("reason", "")]
+
+            wait_until(closed_as_stale, bool, timeout=60)  # the server dropped us; we idle
+            assert js.conn.reconnects == 0
+            assert js.stream_info("STALE").name == "STALE"  # answered, once resent
+            assert js.conn.reconnects == 1
+    finally:
+        server.stop()
