@@ -263,7 +263,7 @@ class JetStreamConnection:
                 # reconnected while we waited: send it once more. This is what a synchronous
                 # session meets after idling: its event loop runs only during calls, so the
                 # server's PINGs go unanswered and the server closes the connection as stale
-                # (default ping_interval 2 min x ping_max 2: a driver waiting ~6 min on a long
+                # (defaults ping_interval 2 min, ping_max 2: after 4-6 idle minutes, e.g. a long
                 # Spark phase). Measured: server with ping_interval 200ms, ping_max 1, a session
                 # idle 3 s — STREAM.INFO timed out after 5 s with reconnects 0 -> 1
                 # (tests/jetstream/test_jetstream_connection.py). The API calls js-etl makes are
