@@ -139,6 +139,12 @@ def main(argv: Sequence[str] | None = None, *, spark_submit: bool = False) -> in
         return exit_code
 
 
+# Spark's words for an executor (or the blocks it held) gone mid-job: infrastructure, not input,
+# so the run is transient (75) like a NATS outage. CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND is what a
+# worker killed after a round's checkpoint gave on a standalone cluster (issue 18); the fault
+# point lose_checkpoint reproduces it in local mode (tests/spark/test_faults.py).
+_EXECUTOR_LOST = ("CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND", "ExecutorLostFailure",
+                  "FetchFailedException")
 # The last line of a Python traceback that Spark carries back from an executor.
 _EXECUTOR_ERROR = re.compile(r"^js_etl\.(?:\w+\.)*?(\w+): (.*)$")
 
@@ -155,6 +161,10 @@ def failure_reason(error: BaseException) -> tuple[str, int]:
         match = _EXECUTOR_ERROR.match(line.strip())
         if match and match.group(1) in classes:
             return f"{match.group(1)}: {match.group(2)}", classes[match.group(1)].exit_code
+    lost = next((m for m in _EXECUTOR_LOST if m in text), None)
+    if lost:
+        return (f"an executor was lost during the run ({lost}); nothing it held was acked, so "
+                "the next run takes it up again", TransientError.exit_code)
     lines = text.strip().splitlines() or [""]
     if "Traceback (most recent call last)" in text:  # an executor's Python error: its last line
         return lines[-1].strip()[:500], 1

@@ -13,6 +13,8 @@ it; an unknown name is refused so a typo cannot silently test nothing.
   (a slow write phase: the server has queued the round's messages for redelivery by then);
 * ``late_fetch_tasks`` — every fetch task but the first two starts ack_wait + 1 s late (waves of
   partitions beyond the cores, retries, scheduling delays);
+* ``lose_checkpoint`` — the round's checkpoint blocks are dropped right after the fetch, as when
+  the executor holding them dies (Spark then fails with CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND);
 * ``slow_task_start`` — every fetch task starts 1.5 × the round's base fetch window late (a
   loaded cluster that cannot start tasks within a short ack_wait's window).
 """
@@ -29,7 +31,7 @@ from js_etl.errors import ConfigError
 ENV = "JS_ETL_FAULT"
 POINTS = frozenset({"kill_after_fetch", "kill_after_commit", "kill_mid_ack", "fail_fetch_task",
                     "fail_write_task", "stall_before_ack", "late_fetch_tasks",
-                    "slow_task_start"})
+                    "slow_task_start", "lose_checkpoint"})
 
 
 class InjectedFault(RuntimeError):

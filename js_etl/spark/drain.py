@@ -356,7 +356,10 @@ class Drain:
             raw = (self.spark.range(size.partitions, numPartitions=size.partitions)
                    .mapInArrow(partial(fetch_partition, plan), RAW_DDL))
             flagged = self.decoder.flag(raw, park_after=self.park_after)
-            return self._checkpoint(flagged)
+            fetched, blocks = self._checkpoint(flagged)
+            if self.fault == "lose_checkpoint":
+                self._release_blocks(blocks)  # as if the executor holding them had died
+            return fetched, blocks
 
     def _checkpoint(self, df: DataFrame) -> tuple[DataFrame, set[int]]:
         """Evaluate ``df`` once, eagerly, into local checkpoint blocks (module docstring);
