@@ -65,6 +65,25 @@ def _assert_exactly_once(cjs: JetStreamSession, names: Any, table: Path, n: int)
     assert (info.num_pending, info.num_ack_pending) == (0, 0)
 
 
+SMALL_ROUNDS = ("fetch.max_bytes=64KiB", "fetch.partition_max_bytes=128KiB")
+
+
+def _drain_through(spark: Any, cjs: JetStreamSession, names: Any, config: Any, n: int,
+                   disrupt: Any, disrupted: list[Any], what: str, leader_timeout: float) -> None:
+    """A drain that ``disrupt`` breaks after a round either survives or fails with the
+    documented transient error; then, as an operator retrying after exit 75 once the consumer
+    has a leader again, a second run finishes the job."""
+    try:
+        written = run_drain(spark, config, progress=AfterEachRound(disrupt)).messages_written
+    except TransientError:
+        written = -1  # the documented transient failure: the next run must finish the job
+    assert disrupted, "the run ended before its first round completed"
+    wait_for(lambda: _has_leader(cjs, names), leader_timeout, f"a consumer leader after {what}")
+    if written != n:
+        second = run_drain(spark, config)
+        assert second.stopped_because in ("drained", "target_reached")
+
+
 @pytest.mark.parametrize("partitions", [2, 4])
 def test_drain_on_r3_takes_every_message_once_in_one_run(
         spark: Any, nats_cluster: Any, cjs: JetStreamSession, names: Any, tmp_path: Path,
@@ -97,19 +116,8 @@ def test_consumer_leader_step_down_mid_run_loses_and_duplicates_nothing(
         assert raw(cjs, f"CONSUMER.LEADER.STEPDOWN.{names.stream}.{names.consumer}")["success"]
         stepped.append(old)
 
-    small_rounds = ("fetch.max_bytes=64KiB", "fetch.partition_max_bytes=128KiB")
-    config = _config(names, nats_cluster.urls, table, *small_rounds)
-    try:
-        first = run_drain(spark, config, progress=AfterEachRound(step_down_once))
-        written = first.messages_written
-    except TransientError:
-        written = -1  # the documented transient failure: the next run must finish the job
-    assert stepped, "the run ended before its first round completed"
-
-    wait_for(lambda: _has_leader(cjs, names), 60, "a consumer leader after the step-down")
-    if written != n:
-        second = run_drain(spark, config)
-        assert second.stopped_because in ("drained", "target_reached")
+    _drain_through(spark, cjs, names, _config(names, nats_cluster.urls, table, *SMALL_ROUNDS),
+                   n, step_down_once, stepped, "the step-down", 60)
     _assert_exactly_once(cjs, names, table, n)
 
 
@@ -133,20 +141,10 @@ def test_leader_sigkilled_mid_run_loses_and_duplicates_nothing(
             node.stop(kill=True)
             killed.append(node)
 
-        config = _config(names, nats_cluster.urls, table, "fetch.max_bytes=64KiB",
-                         "fetch.partition_max_bytes=128KiB")
         try:
-            try:
-                first = run_drain(spark, config, progress=AfterEachRound(kill_leader_once))
-                written = first.messages_written
-            except TransientError:
-                written = -1  # the documented transient exit: the next run must finish
-            assert killed, "the run ended before its first round completed"
-            # As an operator retrying after exit 75: once the consumer has a leader again.
-            wait_for(lambda: _has_leader(cjs, names), 90, "a consumer leader after the kill")
-            if written != n:
-                second = run_drain(spark, config)
-                assert second.stopped_because in ("drained", "target_reached")
+            _drain_through(spark, cjs, names,
+                           _config(names, nats_cluster.urls, table, *SMALL_ROUNDS), n,
+                           kill_leader_once, killed, "the kill", 90)
             _assert_exactly_once(cjs, names, table, n)
         finally:
             for node in killed:

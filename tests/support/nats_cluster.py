@@ -125,22 +125,24 @@ def cluster_current(info: dict[str, Any], replicas: int) -> str | None:
 def wait_stream_current(js: JetStreamSession, stream: str, replicas: int = 3,
                         timeout: float = 60.0) -> str:
     """Wait until the stream has a leader and all replicas current; returns the leader name."""
-    def check() -> str | None:
-        try:
-            return cluster_current(raw(js, f"STREAM.INFO.{stream}"), replicas)
-        except JetStreamError:
-            return None
-    return str(wait_for(check, timeout, f"stream {stream} R{replicas} current"))
+    return _wait_current(js, f"STREAM.INFO.{stream}", f"stream {stream}", replicas, timeout)
 
 
 def wait_consumer_current(js: JetStreamSession, stream: str, consumer: str, replicas: int = 3,
                           timeout: float = 60.0) -> str:
+    """The same for a consumer of ``stream``."""
+    return _wait_current(js, f"CONSUMER.INFO.{stream}.{consumer}", f"consumer {consumer}",
+                         replicas, timeout)
+
+
+def _wait_current(js: JetStreamSession, info_api: str, what: str, replicas: int,
+                  timeout: float) -> str:
     def check() -> str | None:
         try:
-            return cluster_current(raw(js, f"CONSUMER.INFO.{stream}.{consumer}"), replicas)
+            return cluster_current(raw(js, info_api), replicas)
         except JetStreamError:
             return None
-    return str(wait_for(check, timeout, f"consumer {consumer} R{replicas} current"))
+    return str(wait_for(check, timeout, f"{what} R{replicas} current"))
 
 
 def add_replicated_stream(js: JetStreamSession, name: str, subjects: list[str],
