@@ -20,14 +20,14 @@ from js_etl.jetstream.api import (
 from js_etl.jetstream.client import JetStreamConnection
 from js_etl.jetstream.message import JsMessage, Status, parse_headers
 from js_etl.jetstream.options import ConnectionOptions, Secret, TlsOptions
-from js_etl.jetstream.pull import PullEnd, Puller, PullRequest, PullResult
+from js_etl.jetstream.pull import PriorityGroupRequest, PullEnd, Puller, PullRequest, PullResult
 from js_etl.jetstream.subjects import AckMetadata, ack_prefix, ack_subject, parse_ack_subject
 from js_etl.jetstream.sync import JetStreamSession
 
 __all__ = [
     "AckMetadata", "AckPolicy", "Acker", "ConnectionOptions", "ConsumerConfig", "ConsumerInfo",
     "DeliverPolicy", "JetStreamAdmin", "JetStreamConnection", "JetStreamSession", "JsMessage",
-    "PriorityGroupState", "PriorityPolicy", "PullEnd", "PullRequest", "PullResult", "Puller",
-    "Secret", "SequenceInfo", "Status", "StreamInfo", "StreamState", "TlsOptions", "ack_prefix",
-    "ack_subject", "parse_ack_subject", "parse_headers",
+    "PriorityGroupRequest", "PriorityGroupState", "PriorityPolicy", "PullEnd", "PullRequest",
+    "PullResult", "Puller", "Secret", "SequenceInfo", "Status", "StreamInfo", "StreamState",
+    "TlsOptions", "ack_prefix", "ack_subject", "parse_ack_subject", "parse_headers",
 ]

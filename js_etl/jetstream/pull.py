@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from enum import StrEnum
 from typing import Any
 
@@ -74,6 +74,22 @@ class PullEnd(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class PriorityGroupRequest:
+    """What a pull from a priority-group consumer (ADR-42) adds to its request: the group, the
+    overflow thresholds that gate it, the pin id a ``pinned_client`` group handed us, a priority.
+    One object from the drain's plan to the wire, so the fields travel together."""
+
+    group: str
+    min_pending: int | None = None
+    min_ack_pending: int | None = None
+    id: str | None = None  # the pin id (``Nats-Pin-Id``) of a pinned_client group
+    priority: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None}
+
+
+@dataclass(frozen=True, slots=True)
 class PullRequest:
     """The JSON body of one pull. ``expires`` in seconds; ``None`` fields are not sent."""
 
@@ -81,11 +97,7 @@ class PullRequest:
     max_bytes: int | None = None
     no_wait: bool = True
     expires: float | None = None
-    group: str | None = None
-    min_pending: int | None = None
-    min_ack_pending: int | None = None
-    id: str | None = None
-    priority: int | None = None
+    priority_group: PriorityGroupRequest | None = None
 
     def as_json(self) -> bytes:
         body: dict[str, Any] = {"batch": self.batch}
@@ -95,10 +107,8 @@ class PullRequest:
             body["no_wait"] = True
         if self.expires is not None:
             body["expires"] = int(self.expires * 1e9)
-        for key in ("group", "min_pending", "min_ack_pending", "id", "priority"):
-            value = getattr(self, key)
-            if value is not None:
-                body[key] = value
+        if self.priority_group is not None:
+            body.update(self.priority_group.as_dict())
         return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -225,21 +235,20 @@ class Puller:
     """
 
     def __init__(self, conn: JetStreamConnection, stream: str, consumer: str, *,
-                 group: str | None = None, min_pending: int | None = None,
-                 min_ack_pending: int | None = None, priority: int | None = None,
-                 pin_id: str | None = None) -> None:
+                 priority_group: PriorityGroupRequest | None = None) -> None:
         self.conn = conn
         self.stream = stream
         self.consumer = consumer
-        self.group = group
-        self.min_pending = min_pending
-        self.min_ack_pending = min_ack_pending
-        self.priority = priority
-        self.pin_id = pin_id
+        self.priority_group = priority_group  # its ``id`` follows the pin the server hands us
         self._subject = f"{conn.options.api_prefix}.CONSUMER.MSG.NEXT.{stream}.{consumer}"
         self._inbox: str | None = None
         self._sid: int | None = None
         self._pulls = 0
+
+    @property
+    def pin_id(self) -> str | None:
+        """The pin of a ``pinned_client`` group this puller holds, if any."""
+        return self.priority_group.id if self.priority_group else None
 
     async def pull(self, batch: int, *, max_bytes: int | None = None, timeout: float = 5.0,
                    expires: float | None = None) -> PullResult:
@@ -249,9 +258,7 @@ class Puller:
         long for the first message (no_wait + expires semantics); keep ``timeout`` above it.
         """
         request = PullRequest(batch=batch, max_bytes=max_bytes, expires=expires,
-                              group=self.group, min_pending=self.min_pending,
-                              min_ack_pending=self.min_ack_pending, id=self.pin_id,
-                              priority=self.priority)
+                              priority_group=self.priority_group)
         loop = asyncio.get_running_loop()
         ends = loop.time() + timeout  # the whole call, lone fetch included, ends within timeout
         result = await self._send(request, timeout)
@@ -260,8 +267,9 @@ class Puller:
                 and left > 0):
             # 409 with nothing delivered: the next message alone is larger than max_bytes and
             # would block this consumer for ever. Fetch it by itself, without max_bytes.
-            lone = await self._send(PullRequest(batch=1, group=self.group, id=self.pin_id,
-                                                priority=self.priority), left)
+            group = self.priority_group and replace(self.priority_group, min_pending=None,
+                                                     min_ack_pending=None)
+            lone = await self._send(PullRequest(batch=1, priority_group=group), left)
             end = PullEnd.OVERSIZE if lone.messages else lone.end
             return PullResult(lone.messages, end, lone.status or result.status, lone.bytes)
         return result
@@ -288,11 +296,12 @@ class Puller:
             nc.raw_sinks.pop(sid, None)
             if not clean or self.conn.reconnects != reconnects:
                 await self._drop_subscription()
-        if collector.pin_id:
-            self.pin_id = collector.pin_id
         end = self._end(collector, request, clean, self.conn.reconnects != reconnects)
-        if end is PullEnd.PIN_MISMATCH:
-            self.pin_id = None  # the server wants us to retry without an id (ADR-42)
+        if self.priority_group is not None:
+            if end is PullEnd.PIN_MISMATCH:  # the server wants a retry without an id (ADR-42)
+                self.priority_group = replace(self.priority_group, id=None)
+            elif collector.pin_id:  # a delivery carries the pin we hold now
+                self.priority_group = replace(self.priority_group, id=collector.pin_id)
         return PullResult(collector.messages, end, collector.status, collector.bytes)
 
     @staticmethod

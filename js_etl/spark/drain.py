@@ -82,6 +82,7 @@ from js_etl.jetstream import (
     ConnectionOptions,
     ConsumerInfo,
     JetStreamSession,
+    PriorityGroupRequest,
     PriorityPolicy,
     ack_prefix,
     ack_subject,
@@ -348,8 +349,7 @@ class Drain:
             stop_after_seq=self.report.target_seq or 2**63 - 1,
             pull_timeout=self.config.fetch.pull_timeout,
             deadline=time.time() + fetch_seconds(self.config, ack_wait) * self._window,
-            group=self.source.priority_group, min_pending=self.source.min_pending,
-            min_ack_pending=self.source.min_ack_pending, pin_id=self.pin.pin_id, fault=self.fault,
+            priority_group=self._priority_group(), fault=self.fault,
             fault_seconds=(1.5 * fetch_seconds(self.config, ack_wait)
                            if self.fault == "slow_task_start" else ack_wait + 1))
         with self.report.phase("fetch"):
@@ -360,6 +360,11 @@ class Drain:
             if self.fault == "lose_checkpoint":
                 self._release_blocks(blocks)  # as if the executor holding them had died
             return fetched, blocks
+
+    def _priority_group(self) -> PriorityGroupRequest | None:
+        group = self.source.priority_group
+        return PriorityGroupRequest(group, self.source.min_pending, self.source.min_ack_pending,
+                                    id=self.pin.pin_id) if group else None
 
     def _checkpoint(self, df: DataFrame) -> tuple[DataFrame, set[int]]:
         """Evaluate ``df`` once, eagerly, into local checkpoint blocks (module docstring);

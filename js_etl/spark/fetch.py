@@ -25,7 +25,7 @@ from js_etl.faults import fail_first_attempt, start_late
 from js_etl.jetstream import ConnectionOptions, JetStreamSession, PullEnd
 from js_etl.jetstream.errors import NatsUnavailableError, PullLimitError
 from js_etl.jetstream.message import JsMessage
-from js_etl.jetstream.pull import PullResult
+from js_etl.jetstream.pull import PriorityGroupRequest, PullResult
 from js_etl.jetstream.subjects import (
     AckMetadata,
     ForeignAckSubjectError,
@@ -75,10 +75,7 @@ class FetchPlan:
     # delivery of a round inside ack_wait; it assumes executor clocks agree with the
     # driver's to well under ack_wait / 3 (NTP).
     deadline: float
-    group: str | None = None
-    min_pending: int | None = None
-    min_ack_pending: int | None = None
-    pin_id: str | None = None
+    priority_group: PriorityGroupRequest | None = None  # a priority-group consumer's fields
     fault: str | None = None  # test-only fault point, see js_etl.faults
     fault_seconds: float = 0.0  # ... and how long a delaying fault point waits
 
@@ -105,10 +102,9 @@ def fetch_partition(plan: FetchPlan, batches: Iterator[pa.RecordBatch]
     index = context.partitionId() if context is not None else 0
     budget = plan.partition_messages + (1 if index < plan.extra_messages else 0)
     with JetStreamSession(plan.options) as js:
-        depth = 1 if plan.group else 2
-        pullers = [js.puller(plan.stream, plan.consumer, group=plan.group,
-                             min_pending=plan.min_pending, min_ack_pending=plan.min_ack_pending,
-                             pin_id=plan.pin_id) for _ in range(depth)]
+        depth = 1 if plan.priority_group else 2
+        pullers = [js.puller(plan.stream, plan.consumer, priority_group=plan.priority_group)
+                   for _ in range(depth)]
         in_flight: deque[tuple[asyncio.Task[PullResult], int]] = deque()
         sent = 0  # pulls sent; pull k goes through pullers[k % depth]
         got = size = 0

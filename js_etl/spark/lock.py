@@ -32,7 +32,7 @@ import os
 import socket
 import threading
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
@@ -72,33 +72,64 @@ def _pid_namespace() -> str | None:
 
 
 @dataclass(frozen=True, slots=True)
-class LockOwner:
-    run_id: str
+class ProcessId:
+    """A process as this machine knows it: enough to tell, on the same boot and PID namespace,
+    that a lock's owner has died (module docstring)."""
+
     host: str
     pid: int
-    started: float
-    heartbeat: float
-    pin_id: str | None = None  # the priority-group pin this run holds, for a successor to UNPIN
     boot_id: str | None = None
     pid_namespace: str | None = None
     pid_start: int | None = None  # the process's start time (clock ticks since boot)
 
     @classmethod
-    def me(cls, run_id: str) -> LockOwner:
-        now, pid = time.time(), os.getpid()
-        return cls(run_id, socket.gethostname(), pid, now, now,
-                   boot_id=_read_text("/proc/sys/kernel/random/boot_id"),
-                   pid_namespace=_pid_namespace(), pid_start=_process_start(pid))
+    def me(cls) -> ProcessId:
+        pid = os.getpid()
+        return cls(socket.gethostname(), pid, _read_text("/proc/sys/kernel/random/boot_id"),
+                   _pid_namespace(), _process_start(pid))
 
     def alive_here(self) -> bool | None:
-        """True/False when the owner ran in this machine's boot and PID namespace; None when
-        we cannot tell (another host or container, or a platform without /proc)."""
-        here = LockOwner.me(self.run_id)
+        """True/False when this process ran in this machine's boot and PID namespace; None
+        when we cannot tell (another host or container, or a platform without /proc)."""
+        here = ProcessId.me()
         if None in (self.boot_id, self.pid_namespace, self.pid_start) or (
                 (self.host, self.boot_id, self.pid_namespace)
                 != (here.host, here.boot_id, here.pid_namespace)):
             return None
         return _process_start(self.pid) == self.pid_start
+
+
+@dataclass(frozen=True, slots=True)
+class LockOwner:
+    """The lock file's record. Stored as one flat JSON object (the process's fields beside the
+    run's), as every js-etl version has written it."""
+
+    run_id: str
+    process: ProcessId
+    started: float
+    heartbeat: float
+    pin_id: str | None = None  # the priority-group pin this run holds, for a successor to UNPIN
+
+    @classmethod
+    def me(cls, run_id: str) -> LockOwner:
+        now = time.time()
+        return cls(run_id, ProcessId.me(), now, now)
+
+    def to_json(self) -> bytes:
+        record = asdict(self)
+        record.update(record.pop("process"))
+        return json.dumps(record, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes | None) -> LockOwner | None:
+        """The owner a lock file names, or None for an unreadable one."""
+        try:
+            record = json.loads(data or b"")
+            process = ProcessId(**{f.name: record.pop(f.name) for f in fields(ProcessId)
+                                   if f.name in record})
+            return cls(process=process, **record)
+        except (ValueError, TypeError, AttributeError):
+            return None
 
 
 class TableLock:
@@ -118,17 +149,17 @@ class TableLock:
 
     def acquire(self) -> TableLock:
         me = LockOwner.me(self.run_id)
-        if not self._files.create_exclusive(_encode(me)):
-            holder = _decode(self._files.read())
+        if not self._files.create_exclusive(me.to_json()):
+            holder = LockOwner.from_json(self._files.read())
             if holder is None or not self._stale(holder):
                 raise RunRefusedError(
                     "another run holds this consumer: " + _describe(holder)
                     + f"; lock {self._files.path} (delete it only if that run is certainly "
                     "dead)")
             # Take over a dead run's lock: remove exactly what we read, then race for a new one.
-            if _decode(self._files.read()) == holder:
+            if LockOwner.from_json(self._files.read()) == holder:
                 self._files.delete()
-            if not self._files.create_exclusive(_encode(me)):
+            if not self._files.create_exclusive(me.to_json()):
                 raise RunRefusedError(f"another run took over the stale lock {self._files.path} "
                                       "at the same moment")
             self.previous = holder
@@ -140,7 +171,7 @@ class TableLock:
         return self
 
     def _stale(self, holder: LockOwner) -> bool:
-        if holder.alive_here() is False:
+        if holder.process.alive_here() is False:
             return True
         return time.time() - holder.heartbeat > self.ttl
 
@@ -156,12 +187,12 @@ class TableLock:
         with self._writing:
             if self._owner is None or self._lost:
                 return
-            holder = _decode(self._files.read())
+            holder = LockOwner.from_json(self._files.read())
             if holder is None or holder.run_id != self._owner.run_id:
                 self._lost = f"the lock now holds {_describe(holder)}"
                 return
             owner = replace(self._owner, heartbeat=time.time(), **changes)
-            self._files.replace(_encode(owner))
+            self._files.replace(owner.to_json())
             self._owner = owner
 
     def record(self, *, pin_id: str | None) -> None:
@@ -174,7 +205,7 @@ class TableLock:
         with self._writing:  # never read our own half-written heartbeat
             if self._owner is None:
                 return
-            holder = _decode(self._files.read())
+            holder = LockOwner.from_json(self._files.read())
             if holder is None or holder.run_id != self._owner.run_id:
                 self._lost = self._lost or f"the lock now holds {_describe(holder)}"
         if self._lost:
@@ -187,7 +218,7 @@ class TableLock:
             self._beat.join()
         with self._writing:
             if self._owner is not None and not self._lost:
-                holder = _decode(self._files.read())
+                holder = LockOwner.from_json(self._files.read())
                 if holder is not None and holder.run_id == self._owner.run_id:
                     self._files.delete()
             self._owner = None
@@ -203,19 +234,10 @@ def _describe(owner: LockOwner | None) -> str:
     if owner is None:
         return "an unreadable lock"
     age = time.time() - owner.heartbeat
-    return (f"run {owner.run_id} (pid {owner.pid} on {owner.host}, last heartbeat "
+    return (f"run {owner.run_id} (pid {owner.process.pid} on {owner.process.host}, last heartbeat "
             f"{age:.0f}s ago)")
 
 
-def _encode(owner: LockOwner) -> bytes:
-    return json.dumps(asdict(owner), sort_keys=True).encode()
-
-
-def _decode(data: bytes | None) -> LockOwner | None:
-    try:
-        return LockOwner(**json.loads(data or b""))
-    except (ValueError, TypeError):
-        return None
 
 
 def _files_for(spark: SparkSession, path: str) -> Any:

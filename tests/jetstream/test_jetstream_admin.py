@@ -14,6 +14,7 @@ from js_etl.jetstream import (
     AckPolicy,
     ConsumerConfig,
     JetStreamAdmin,
+    PriorityGroupRequest,
     PriorityGroupState,
     PriorityPolicy,
     PullEnd,
@@ -88,7 +89,7 @@ def test_consumer_info_priority_group_state(js, names, stream):
         durable_name=pinned, priority_groups=("jobs",),
         priority_policy=PriorityPolicy.PINNED_CLIENT, priority_timeout=30)))
     pub(js, f"{names.prefix}.a", 1)
-    puller = js.puller(stream, pinned, group="jobs")
+    puller = js.puller(stream, pinned, priority_group=PriorityGroupRequest("jobs"))
     assert len(js.pull(puller, 1).messages) == 1
     state = js.consumer_info(stream, pinned)
     assert state.config.priority_timeout == 30.0

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 from streams import pub, timed_pull
 
-from js_etl.jetstream import ConsumerConfig, JetStreamSession, PriorityPolicy, PullEnd
+from js_etl.jetstream import (
+    ConsumerConfig,
+    JetStreamSession,
+    PriorityGroupRequest,
+    PriorityPolicy,
+    PullEnd,
+)
 from js_etl.jetstream.errors import PinMismatchError, PriorityGroupError
 
 FAST = 4.0  # well before the 5 s deadlines these pulls have: ended by a status, not by it
@@ -22,12 +28,14 @@ def test_overflow_min_pending(js, names, stream):
     pub(js, f"{names.prefix}.a", 10)
     grouped(js, stream, names.consumer, PriorityPolicy.OVERFLOW)
 
-    above = js.puller(stream, names.consumer, group="jobs", min_pending=1000)
+    above = js.puller(stream, names.consumer,
+                      priority_group=PriorityGroupRequest("jobs", min_pending=1000))
     result, elapsed = timed_pull(js, above, 5, timeout=5)
     assert result.end is PullEnd.NO_MESSAGES and result.messages == []
     assert elapsed < FAST
 
-    below = js.puller(stream, names.consumer, group="jobs", min_pending=5)
+    below = js.puller(stream, names.consumer,
+                      priority_group=PriorityGroupRequest("jobs", min_pending=5))
     result, elapsed = timed_pull(js, below, 5, timeout=5)
     assert result.end is PullEnd.BATCH_FULL
     assert [m.metadata.stream_seq for m in result.messages] == [1, 2, 3, 4, 5]
@@ -37,15 +45,18 @@ def test_overflow_min_pending(js, names, stream):
 def test_overflow_min_ack_pending(js, names, stream):
     pub(js, f"{names.prefix}.a", 10)
     grouped(js, stream, names.consumer, PriorityPolicy.OVERFLOW)
-    first = js.pull(js.puller(stream, names.consumer, group="jobs"), 5, timeout=5)
+    first = js.pull(js.puller(stream, names.consumer,
+                              priority_group=PriorityGroupRequest("jobs")), 5, timeout=5)
     assert len(first.messages) == 5  # now 5 ack-pending
 
-    above = js.puller(stream, names.consumer, group="jobs", min_ack_pending=50)
+    above = js.puller(stream, names.consumer,
+                      priority_group=PriorityGroupRequest("jobs", min_ack_pending=50))
     result, elapsed = timed_pull(js, above, 5, timeout=5)
     assert result.end is PullEnd.NO_MESSAGES and result.messages == []
     assert elapsed < FAST
 
-    at = js.puller(stream, names.consumer, group="jobs", min_ack_pending=5)
+    at = js.puller(stream, names.consumer,
+                   priority_group=PriorityGroupRequest("jobs", min_ack_pending=5))
     result = js.pull(at, 5, timeout=5)
     assert [m.metadata.stream_seq for m in result.messages] == [6, 7, 8, 9, 10]
 
@@ -55,8 +66,9 @@ def test_overflow_min_ack_pending(js, names, stream):
 def test_wrong_group_is_a_priority_group_error(js, names, stream, policy, group):
     pub(js, f"{names.prefix}.a", 3)
     grouped(js, stream, names.consumer, policy)
-    result, elapsed = timed_pull(js, js.puller(stream, names.consumer, group=group), 5,
-                                 timeout=5)
+    puller = js.puller(stream, names.consumer,
+                       priority_group=PriorityGroupRequest(group) if group else None)
+    result, elapsed = timed_pull(js, puller, 5, timeout=5)
     assert result.end is PullEnd.ERROR and result.messages == []
     assert result.status is not None and result.status.code == 400
     assert result.status.description == ("Bad Request - Priority Group missing" if group is None
@@ -68,7 +80,8 @@ def test_wrong_group_is_a_priority_group_error(js, names, stream, policy, group)
 
 def test_pin_id_on_overflow_consumer_is_a_priority_group_error(js, names, stream):
     grouped(js, stream, names.consumer, PriorityPolicy.OVERFLOW)
-    result = js.pull(js.puller(stream, names.consumer, group="jobs", pin_id="X" * 22), 5,
+    result = js.pull(js.puller(stream, names.consumer,
+                               priority_group=PriorityGroupRequest("jobs", id="X" * 22)), 5,
                      timeout=5)
     assert str(result.status) == "400 Bad Request - Not a Pinned Client Priority consumer"
     with pytest.raises(PriorityGroupError):
@@ -82,7 +95,7 @@ def test_pinned_client_lifecycle(js, names, stream, nats_options):
     info = js.consumer_info(stream, names.consumer)
     assert info.config.priority_timeout == 120.0  # server default when not given
 
-    holder = js.puller(stream, names.consumer, group="jobs")
+    holder = js.puller(stream, names.consumer, priority_group=PriorityGroupRequest("jobs"))
     first = js.pull(holder, 2, timeout=5)
     assert first.end is PullEnd.BATCH_FULL and len(first.messages) == 2
     pin = holder.pin_id
@@ -92,7 +105,8 @@ def test_pinned_client_lifecycle(js, names, stream, nats_options):
     assert js.consumer_info(stream, names.consumer).pinned_id("jobs") == pin
 
     # A wrong id while someone holds the pin: 423, and the puller forgets its id.
-    intruder = js.puller(stream, names.consumer, group="jobs", pin_id="WRONG")
+    intruder = js.puller(stream, names.consumer,
+                         priority_group=PriorityGroupRequest("jobs", id="WRONG"))
     refused = js.pull(intruder, 2, timeout=5)
     assert refused.end is PullEnd.PIN_MISMATCH and refused.messages == []
     assert str(refused.status) == "423 Nats-Pin-Id mismatch"
@@ -101,7 +115,7 @@ def test_pinned_client_lifecycle(js, names, stream, nats_options):
         refused.raise_for_status()
 
     # No id while someone holds the pin: nothing for you (no_wait).
-    other = js.puller(stream, names.consumer, group="jobs")
+    other = js.puller(stream, names.consumer, priority_group=PriorityGroupRequest("jobs"))
     result, elapsed = timed_pull(js, other, 2, timeout=5)
     assert result.end is PullEnd.NO_MESSAGES and result.messages == [] and elapsed < FAST
     assert other.pin_id is None
@@ -109,7 +123,8 @@ def test_pinned_client_lifecycle(js, names, stream, nats_options):
     # The holder keeps pulling; a partition on another connection given the id is served too.
     assert len(js.pull(holder, 2, timeout=5).messages) == 2 and holder.pin_id == pin
     with JetStreamSession(nats_options) as js2:
-        partition = js2.puller(stream, names.consumer, group="jobs", pin_id=pin)
+        partition = js2.puller(stream, names.consumer,
+                               priority_group=PriorityGroupRequest("jobs", id=pin))
         assert len(js2.pull(partition, 2, timeout=5).messages) == 2
         assert partition.pin_id == pin
 

@@ -20,7 +20,7 @@ from streams import (
     wait_until,
 )
 
-from js_etl.jetstream import JetStreamSession, JsMessage, PullEnd
+from js_etl.jetstream import JetStreamSession, JsMessage, PriorityGroupRequest, PullEnd
 from js_etl.jetstream.errors import (
     BadRequestError,
     ConsumerDeletedError,
@@ -263,7 +263,9 @@ def test_expires_waits_for_the_first_message_then_stops_when_drained(js, names, 
 def test_priority_out_of_range_is_a_bad_request(js, names, stream):
     pub(js, f"{names.prefix}.a", 1)
     consumer(js, stream, names.consumer)
-    result = js.pull(js.puller(stream, names.consumer, priority=10), 5, timeout=5)
+    result = js.pull(js.puller(stream, names.consumer,
+                               priority_group=PriorityGroupRequest("jobs", priority=10)), 5,
+                     timeout=5)
     assert result.end is PullEnd.ERROR
     assert str(result.status) == "400 Bad Request - Priority must be between 0 and 9"
     with pytest.raises(BadRequestError) as err:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from js_etl.spark import drain as drain_module
 from js_etl.spark import lock as lock_module
 from js_etl.spark.delta import CommitTag, DeltaTarget
 from js_etl.spark.drain import run_drain
-from js_etl.spark.lock import LockOwner, TableLock
+from js_etl.spark.lock import LockOwner, ProcessId, TableLock
 
 pytestmark = pytest.mark.slow
 
@@ -197,14 +197,14 @@ def test_an_append_delta_skips_is_an_error_not_nothing_committed(spark, tmp_path
 def write_owner(table: Path, consumer: str, owner: LockOwner) -> Path:
     path = table / "_js_etl" / f"{consumer}.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(asdict(owner)))
+    path.write_bytes(owner.to_json())
     return path
 
 
 def test_lock_of_a_dead_owner_whose_pid_was_reused_is_taken_over(spark, tmp_path):
     me = LockOwner.me("dead-run")
     # Our own pid stands for "a live process now holds the pid": its start time differs.
-    dead = replace(me, heartbeat=me.heartbeat, pid_start=(me.pid_start or 0) - 1)
+    dead = replace(me, process=replace(me.process, pid_start=(me.process.pid_start or 0) - 1))
     write_owner(tmp_path, "c", dead)
 
     with TableLock(spark, str(tmp_path), "c", "new-run") as lock:
@@ -215,7 +215,8 @@ def test_lock_of_another_pid_namespace_on_the_same_host_is_not_taken_over(spark,
     me = LockOwner.me("container-run")
     # Same hostname (containers), another PID namespace, a pid that does not exist here, and a
     # fresh heartbeat: only the heartbeat can tell, and it says alive.
-    other = replace(me, pid=2**22 + 17, pid_namespace="pid:[4026530000]")
+    other = replace(me, process=replace(me.process, pid=2**22 + 17,
+                                        pid_namespace="pid:[4026530000]"))
     write_owner(tmp_path, "c", other)
 
     with pytest.raises(RunRefusedError, match="another run holds this consumer"):
@@ -223,13 +224,12 @@ def test_lock_of_another_pid_namespace_on_the_same_host_is_not_taken_over(spark,
 
 
 def test_lock_heartbeat_keeps_a_long_held_lock_live(spark, tmp_path, monkeypatch):
-    real_me = LockOwner.me
+    real_me = ProcessId.me
     # The holder looks like a run in another container, so only its heartbeat keeps it live.
-    monkeypatch.setattr(lock_module.LockOwner, "me", classmethod(
-        lambda cls, run_id: replace(real_me(run_id), pid_namespace="pid:[4026530000]")))
+    monkeypatch.setattr(lock_module.ProcessId, "me", classmethod(
+        lambda cls: replace(real_me(), pid_namespace="pid:[4026530000]")))
     holder = TableLock(spark, str(tmp_path), "c", "long-run", ttl=0.5).acquire()
-    monkeypatch.setattr(lock_module.LockOwner, "me", classmethod(
-        lambda cls, run_id: real_me(run_id)))
+    monkeypatch.setattr(lock_module.ProcessId, "me", classmethod(lambda cls: real_me()))
     path = tmp_path / "_js_etl" / "c.lock"
     try:
         started = json.loads(path.read_text())["started"]
@@ -251,7 +251,8 @@ def test_run_that_lost_its_lock_stops_before_committing(spark, js, names, nats_s
     setup_stream(js, names, messages, max_ack_pending=100)
     table = tmp_path / "table"
     config = config_for(names, nats_server.url, table)
-    thief = replace(LockOwner.me("thief"), pid_namespace="pid:[4026530000]")
+    me = LockOwner.me("thief")
+    thief = replace(me, process=replace(me.process, pid_namespace="pid:[4026530000]"))
 
     def steal(report: Any) -> None:
         write_owner(table, names.consumer, thief)

@@ -26,7 +26,13 @@ from js_etl.config import load_config
 from js_etl.dev.publish import publish, wait_for_messages
 from js_etl.dev.server import LocalNatsServer
 from js_etl.errors import RunRefusedError
-from js_etl.jetstream import ConnectionOptions, ConsumerConfig, JetStreamSession, PriorityPolicy
+from js_etl.jetstream import (
+    ConnectionOptions,
+    ConsumerConfig,
+    JetStreamSession,
+    PriorityGroupRequest,
+    PriorityPolicy,
+)
 from js_etl.spark.drain import run_drain
 from js_etl.spark.lock import TableLock
 
@@ -326,7 +332,7 @@ def test_pinned_by_another_client_is_refused(spark, js, names, nats_server, tmp_
     messages, _, _ = events(names, 20)
     setup_stream(js, names, messages, priority_groups=("etl",),
                  priority_policy=PriorityPolicy.PINNED_CLIENT, priority_timeout=30)
-    foreign = js.puller(names.stream, names.consumer, group="etl")
+    foreign = js.puller(names.stream, names.consumer, priority_group=PriorityGroupRequest("etl"))
     taken = js.pull(foreign, 1)
     assert foreign.pin_id and taken.messages
     ack(js, [taken.messages[0].reply])

@@ -23,6 +23,7 @@ from js_etl.jetstream import (
     ConsumerInfo,
     DeliverPolicy,
     JsMessage,
+    PriorityGroupRequest,
     PriorityPolicy,
     PullEnd,
     PullRequest,
@@ -153,14 +154,16 @@ def test_message_size_is_the_server_formula():
 # --- pull request bodies and how pulls end -------------------------------------------------------
 def test_pull_request_json():
     assert json.loads(PullRequest(10).as_json()) == {"batch": 10, "no_wait": True}
-    body = json.loads(PullRequest(500, max_bytes=8 << 20, expires=2.0, group="jobs",
-                                  min_pending=100, id="PIN", priority=3).as_json())
+    group = PriorityGroupRequest("jobs", min_pending=100, id="PIN", priority=3)
+    body = json.loads(PullRequest(500, max_bytes=8 << 20, expires=2.0,
+                                  priority_group=group).as_json())
     assert body == {"batch": 500, "max_bytes": 8 << 20, "no_wait": True,
                     "expires": 2_000_000_000, "group": "jobs", "min_pending": 100,
                     "id": "PIN", "priority": 3}
     assert isinstance(body["expires"], int)  # a string duration is a 400 (facts §1)
-    assert json.loads(PullRequest(5, no_wait=False, min_ack_pending=0).as_json()) == {
-        "batch": 5, "min_ack_pending": 0}
+    zero = PriorityGroupRequest("jobs", min_ack_pending=0)  # 0 is a threshold, not "unset"
+    assert json.loads(PullRequest(5, no_wait=False, priority_group=zero).as_json()) == {
+        "batch": 5, "group": "jobs", "min_ack_pending": 0}
 
 
 @pytest.mark.parametrize("raw,error", [
