@@ -1,4 +1,5 @@
-"""Fixtures of the clustered tests: one 3-node JetStream cluster per test session.
+"""Fixtures of the clustered tests: one 3-node JetStream cluster per test session, and one Spark
+standalone cluster (a master, two 1-core workers) with js-etl packed for its executors.
 
 Every test here is marked ``cluster`` (``make test-cluster`` runs only them, 13 tests in 143 s
 on the shared 2-core box; ``make test`` runs them with the rest). The cluster takes about 2.3 s
@@ -8,9 +9,12 @@ to start (3 processes, a meta leader elected; measured with ``tests/support/nats
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from nats_cluster import NatsCluster
+from spark_cluster import SparkCluster
+from wheel import build_wheel, packed_env
 
 from js_etl.jetstream import JetStreamSession
 
@@ -37,3 +41,23 @@ def cjs(nats_cluster: NatsCluster) -> Iterator[JetStreamSession]:
     """A session connected to the cluster (any node; it may move on a node's death)."""
     with JetStreamSession(nats_cluster.options()) as session:
         yield session
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
+    """A Spark standalone master and two 1-core, 1 GiB workers (tests/support/spark_cluster.py),
+    loopback only, stopped by pid with their executors."""
+    cluster = SparkCluster(tmp_path_factory.mktemp("spark-cluster"), workers=2, cores=1,
+                           memory="1g")
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def executor_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """js-etl's wheel packed with the executors' dependencies (tests/support/wheel.py), for
+    ``--archives <it>#environment``; cached in .cache/executor-env by the wheel's contents."""
+    return packed_env(build_wheel(tmp_path_factory.mktemp("wheel")))
