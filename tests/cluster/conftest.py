@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 from nats_cluster import NatsCluster
+from shipping import build_wheel, packed_env
 from spark_cluster import SparkCluster
-from wheel import build_wheel, packed_env
 
 from js_etl.jetstream import JetStreamSession
 
@@ -58,6 +58,6 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkClu
 
 @pytest.fixture(scope="session")
 def executor_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """js-etl's wheel packed with the executors' dependencies (tests/support/wheel.py), for
+    """js-etl's wheel packed with the executors' dependencies (tests/support/shipping.py), for
     ``--archives <it>#environment``; cached in .cache/executor-env by the wheel's contents."""
     return packed_env(build_wheel(tmp_path_factory.mktemp("wheel")))
