@@ -52,11 +52,18 @@ def executor_requirements() -> list[str]:
 
 def wheel_digest(wheel: Path) -> str:
     """A hash of the wheel's member names and contents (not of the zip: its timestamps change
-    with every build of the same sources)."""
+    with every build of the same sources). Of ``METADATA`` only the headers count: its body is
+    the README, whose edits change nothing the executors run; ``RECORD`` lists the hashes of
+    the rest, METADATA's among them."""
     digest = hashlib.sha256()
     with zipfile.ZipFile(wheel) as zf:
         for name in sorted(zf.namelist()):
-            digest.update(name.encode() + b"\0" + zf.read(name) + b"\0")
+            data = zf.read(name)
+            if name.endswith(".dist-info/METADATA"):
+                data = data.split(b"\n\n", 1)[0]
+            elif name.endswith(".dist-info/RECORD"):
+                continue
+            digest.update(name.encode() + b"\0" + data + b"\0")
     return digest.hexdigest()
 
 
