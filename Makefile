@@ -30,8 +30,8 @@ test: setup lint
 test-unit: setup
 	$(BIN)/python -m pytest tests/unit
 
-# Only the tests against a 3-node nats-server cluster (tests/cluster, marker `cluster`); `make test`
-# runs them too.
+# Only the tests against a 3-node nats-server cluster and a Spark standalone cluster (tests/cluster,
+# marker `cluster`); `make test` runs them too.
 test-cluster: setup
 	$(BIN)/python -m pytest -m cluster tests/cluster
 

@@ -1,16 +1,24 @@
-"""Fixtures of the clustered tests: one 3-node JetStream cluster per test session.
+"""Fixtures of the clustered tests: one 3-node JetStream cluster per test session, and one Spark
+standalone cluster (a master, two 1-core workers) with js-etl packed for its executors.
 
-Every test here is marked ``cluster`` (``make test-cluster`` runs only them, 13 tests in 143 s
-on the shared 2-core box; ``make test`` runs them with the rest). The cluster takes about 2.3 s
-to start (3 processes, a meta leader elected; measured with ``tests/support/nats_cluster.py``).
+Every test here is marked ``cluster`` (``make test-cluster`` runs only them; ``make test`` runs
+them with the rest). The 13 JetStream-cluster tests took 143 s on the shared 2-core box; the
+JetStream cluster takes about 2.3 s to start (3 processes, a meta leader elected; measured with
+``tests/support/nats_cluster.py``). The 2 Spark-cluster tests (test_spark_cluster.py) took
+516 s at load 17-22 (nice 19): 24 s to start the Spark cluster and pack the executors'
+environment (cached: ~3 s for the wheel), 131 s and 293 s for the tests, 67 s to stop and
+delete the executors' unpacked environments.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from nats_cluster import NatsCluster
+from shipping import build_wheel, packed_env
+from spark_cluster import SparkCluster
 
 from js_etl.jetstream import JetStreamSession
 
@@ -37,3 +45,23 @@ def cjs(nats_cluster: NatsCluster) -> Iterator[JetStreamSession]:
     """A session connected to the cluster (any node; it may move on a node's death)."""
     with JetStreamSession(nats_cluster.options()) as session:
         yield session
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
+    """A Spark standalone master and two 1-core, 1 GiB workers (tests/support/spark_cluster.py),
+    loopback only, stopped by pid with their executors."""
+    cluster = SparkCluster(tmp_path_factory.mktemp("spark-cluster"), workers=2, cores=1,
+                           memory="1g")
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def executor_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """js-etl's wheel packed with the executors' dependencies (tests/support/shipping.py), for
+    ``--archives <it>#environment``; cached in .cache/executor-env by the wheel's contents."""
+    return packed_env(build_wheel(tmp_path_factory.mktemp("wheel")))

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from shipping import build_wheel
 
 from js_etl.spark.jars import DELTA_VERSION
 
@@ -61,11 +62,7 @@ def last_line(text: str) -> str:
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheel built from this checkout, installed alone into a folder of its own."""
     tmp = tmp_path_factory.mktemp("wheel")
-    built = subprocess.run([PYTHON, "-m", "pip", "wheel", str(REPO), "--no-deps", "-q",
-                            "-w", str(tmp / "dist")],
-                           capture_output=True, text=True, timeout=300, check=False)
-    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
-    [wheel] = (tmp / "dist").glob("js_etl-*.whl")
+    wheel = build_wheel(tmp / "dist")
     installed = subprocess.run([PYTHON, "-m", "pip", "install", "--no-deps", "-q", "--target",
                                 str(tmp / "site"), str(wheel)],
                                capture_output=True, text=True, timeout=300, check=False)

@@ -1,0 +1,194 @@
+"""The drain job on a real Spark standalone cluster, submitted as the README tells users to.
+
+``spark-submit --master spark://… --deploy-mode client --jars <Delta's jars> --archives
+env.tar.gz#environment --conf spark.pyspark.python=./environment/bin/python`` of the packaged
+job script (js_etl/jobs/drain.py), against an R3 stream of the 3-node nats-server cluster. The
+executors are separate JVMs launched by two 1-core workers; their Python is the packed
+environment's, unpacked next to each executor.
+Checked with an independent reader (the ``deltalake`` package), and the consumer left clean.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+from deltalake import DeltaTable
+from nats_cluster import NatsCluster, add_replicated_stream, wait_consumer_current, wait_for
+from spark_cluster import SPARK_SUBMIT, SparkCluster, gone, loopback_env, stop_tree
+
+import js_etl.jobs.drain as drain_job
+from js_etl.dev.publish import publish, wait_for_messages
+from js_etl.jetstream import ConsumerConfig, JetStreamSession
+from js_etl.spark.jars import delta_jars
+
+PAD = "x" * 1000  # ~1 KiB messages: a few thousand of them still make several rounds
+
+
+def submit_command(cluster: SparkCluster, env_archive: Path, *job_args: str) -> list[str]:
+    """The README's spark-submit of the drain on a standalone cluster (client mode)."""
+    return [
+        str(SPARK_SUBMIT), "--master", cluster.master_url, "--deploy-mode", "client",
+        "--jars", ",".join(delta_jars()),
+        "--archives", f"{env_archive}#environment",
+        "--conf", "spark.pyspark.python=./environment/bin/python",
+        # The driver runs here, in the venv that has pyspark and delta-spark.
+        "--conf", f"spark.pyspark.driver.python={sys.executable}",
+        "--conf", "spark.executor.memory=1g", "--conf", "spark.ui.enabled=false",
+        "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
+        # Small tables: with Spark's and Delta's defaults (200 shuffle partitions, 50 snapshot
+        # partitions) the first commit ran a 50-task stage, 29 s on two loaded 1-core executors.
+        "--conf", "spark.sql.shuffle.partitions=4",
+        "--conf", "spark.databricks.delta.snapshotPartitions=2",
+        drain_job.__file__, *job_args]
+
+
+def job_args(names: Any, nats: NatsCluster, table: Path, report: Path, *extra: str) -> list[str]:
+    sets = [f"nats.servers={','.join(nats.urls)}", f"source.stream={names.stream}",
+            f"source.consumer={names.consumer}", f"target.path={table}",
+            "decode.format=json", "decode.schema=id BIGINT", "fetch.pull_timeout=2", *extra]
+    return [arg for s in sets for arg in ("--set", s)] + ["--report-file", str(report)]
+
+
+def setup_r3(cjs: JetStreamSession, names: Any, n: int) -> None:
+    add_replicated_stream(cjs, names.stream, [names.subject], replicas=3)
+    cjs.run(cjs.admin.create_consumer(names.stream, ConsumerConfig(
+        durable_name=names.consumer, ack_wait=60, max_ack_pending=100_000)))
+    wait_consumer_current(cjs, names.stream, names.consumer)
+    cjs.run(publish(cjs.conn, [(f"{names.prefix}.e", json.dumps({"id": i, "pad": PAD}).encode())
+                               for i in range(n)]))
+    cjs.run(wait_for_messages(cjs.conn, names.stream, n))
+
+
+def assert_exactly_once(cjs: JetStreamSession, names: Any, table: Path, n: int) -> None:
+    rows = DeltaTable(str(table)).to_pyarrow_table(columns=["stream", "seq", "id"])
+    assert set(rows.column("stream").to_pylist()) == {names.stream}
+    seqs = sorted(rows.column("seq").to_pylist())
+    assert seqs == list(range(1, n + 1)), f"{len(seqs)} rows, {len(set(seqs))} distinct"
+    assert sorted(rows.column("id").to_pylist()) == list(range(n))
+    info = cjs.consumer_info(names.stream, names.consumer)
+    assert (info.num_pending, info.num_ack_pending) == (0, 0)
+
+
+class Submitted:
+    """A spark-submit child; its merged output read line by line as it comes (so a test can
+    act on a state the job logs, e.g. a round done), kept whole for the assertions."""
+
+    def __init__(self, command: list[str], cwd: Path) -> None:
+        self.lines: list[str] = []
+        self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, cwd=cwd, env=loopback_env(),
+                                     start_new_session=True)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    def saw(self, predicate: Callable[[str], bool]) -> bool:
+        return any(predicate(line) for line in list(self.lines))
+
+    def wait(self, timeout: float = 300) -> int:
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise AssertionError(
+                f"spark-submit still running after {timeout}s:\n{self.output}") from None
+        self._reader.join(30)
+        return code
+
+    def stop(self) -> None:
+        """SIGKILL spark-submit's JVM and its children (the driver's Python), each by pid."""
+        stop_tree(self.proc, kill=True)
+
+    def __enter__(self) -> Submitted:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)[-4000:]
+
+
+def test_spark_submit_on_a_standalone_cluster_takes_every_message_once(
+        spark_cluster: SparkCluster, executor_env: Path, nats_cluster: NatsCluster,
+        cjs: JetStreamSession, names: Any, tmp_path: Path) -> None:
+    n = 3_000
+    setup_r3(cjs, names, n)
+    table, report_file = tmp_path / "table", tmp_path / "report.json"
+    started = time.monotonic()
+    with Submitted(submit_command(spark_cluster, executor_env, *job_args(
+            names, nats_cluster, table, report_file, "fetch.partitions=2")), tmp_path) as run:
+        assert run.wait() == 0, run.output
+    report = json.loads(report_file.read_text())
+    assert report["messages_written"] == n, report
+    assert report["stopped_because"] in ("drained", "target_reached"), report
+    assert_exactly_once(cjs, names, table, n)
+    # The work ran on the workers' executors, not in the driver: the master saw the
+    # application use both workers' cores.
+    apps = (spark_cluster.state() or {}).get("completedapps", [])
+    assert any(app.get("cores") == 2 for app in apps), apps
+    print(f"standalone drain of {n}: {time.monotonic() - started:.1f}s, "
+          f"{report['rounds']} rounds")
+
+
+def test_a_worker_killed_mid_run_then_the_next_run_takes_every_message_once(
+        spark_cluster: SparkCluster, executor_env: Path, nats_cluster: NatsCluster,
+        cjs: JetStreamSession, names: Any, tmp_path: Path) -> None:
+    """SIGKILL of a worker JVM and its executor (with the checkpoint blocks it holds) once the
+    run's first round is done: the run survives on the other executor, or fails with the
+    documented transient exit 75 and the executor-lost line; the next run completes."""
+    n = 2_000
+    setup_r3(cjs, names, n)
+    table = tmp_path / "table"
+    # ~1 KiB messages, 2 partitions of at most 256 KiB: about 4 rounds, so the kill lands
+    # while the run is in its second round or later.
+    small_rounds = ("fetch.partitions=2", "fetch.max_bytes=64KiB",
+                    "fetch.partition_max_bytes=256KiB")
+    started = time.monotonic()
+    try:
+        with Submitted(submit_command(spark_cluster, executor_env, *job_args(
+                names, nats_cluster, table, tmp_path / "first.json", *small_rounds)),
+                tmp_path) as first:
+            wait_for(lambda: first.saw(lambda line: "js_etl: round 1:" in line)
+                     or first.proc.poll() is not None, 300, "the first round of the run")
+            assert first.proc.poll() is None, f"the run ended before a kill:\n{first.output}"
+            victims = [psutil.Process(spark_cluster.workers[0].pid),
+                       *spark_cluster.executors(0)]
+            assert len(victims) == 2, f"worker 0 runs no executor of the job: {victims}"
+            spark_cluster.kill_worker(0)
+            assert all(gone(p) for p in victims)
+            code = first.wait()
+        assert code in (0, 75), first.output
+        if code == 75:
+            assert "js-etl: an executor was lost during the run" in first.output, first.output
+        outcome = "exit 75"
+        if code == 0:
+            survived = json.loads((tmp_path / "first.json").read_text())
+            # The kill was mid-run: the run went on to further rounds without that executor.
+            assert survived["rounds"] > 1, survived
+            outcome = (f"survived: {survived['rounds']} rounds, "
+                       f"{survived['messages_written']} written, {survived['stopped_because']}")
+    finally:
+        spark_cluster.restart_worker(0)  # back to two workers, for the next run and other tests
+
+    with Submitted(submit_command(spark_cluster, executor_env, *job_args(
+            names, nats_cluster, table, tmp_path / "second.json", *small_rounds)),
+            tmp_path) as second:
+        assert second.wait() == 0, second.output
+    report = json.loads((tmp_path / "second.json").read_text())
+    assert report["stopped_because"] in ("drained", "target_reached"), report
+    assert_exactly_once(cjs, names, table, n)
+    print(f"worker kill: first run {outcome}, both runs {time.monotonic() - started:.1f}s")

@@ -1,0 +1,97 @@
+"""js-etl's wheel, and the packed Python environment that ships it to Spark executors.
+
+:func:`build_wheel` is how the tests build the wheel (tests/dev/test_wheel.py runs it from
+outside the checkout, tests/cluster ships it to a standalone cluster). It needs pip's build
+isolation: the venv's own setuptools is older than the one pyproject.toml requires.
+
+:func:`packed_env` runs the README's commands for the executors' Python ("Running on a
+cluster"): a new venv, the wheel installed ``--no-deps`` plus only what executors import
+(pyarrow, pandas, nats-py, nkeys, PyYAML — pinned to the versions of the driver's venv, so
+both ends pickle and exchange Arrow data with the same libraries), packed with ``venv-pack``.
+The archive is cached under ``.cache/executor-env/<key>/`` (ignored by git), keyed by the
+wheel's contents and those pins, so a rerun with an unchanged package reuses it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from importlib.metadata import version
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PYTHON = sys.executable
+CACHE = REPO / ".cache" / "executor-env"
+
+# What js-etl's executor side imports, as distribution names.
+EXECUTOR_DEPS = ("pyarrow", "pandas", "nats-py", "nkeys", "PyYAML")
+
+
+def _run(args: list[str], timeout: float = 600, **kwargs: object) -> None:
+    done = subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False,
+                          **kwargs)  # type: ignore[call-overload]
+    assert done.returncode == 0, f"{args}\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+
+
+def build_wheel(dest: Path) -> Path:
+    """The wheel of this checkout, built into ``dest`` (about 4 s); its path."""
+    _run([PYTHON, "-m", "pip", "wheel", str(REPO), "--no-deps", "-q", "-w", str(dest)])
+    [wheel] = Path(dest).glob("js_etl-*.whl")
+    return wheel
+
+
+def executor_requirements() -> list[str]:
+    """The executor deps pinned to this (the driver's) venv."""
+    return [f"{name}=={version(name)}" for name in EXECUTOR_DEPS]
+
+
+def wheel_digest(wheel: Path) -> str:
+    """A hash of the wheel's member names and contents (not of the zip: its timestamps change
+    with every build of the same sources). Of ``METADATA`` only the headers count: its body is
+    the README, whose edits change nothing the executors run; ``RECORD`` lists the hashes of
+    the rest, METADATA's among them."""
+    digest = hashlib.sha256()
+    with zipfile.ZipFile(wheel) as zf:
+        for name in sorted(zf.namelist()):
+            data = zf.read(name)
+            if name.endswith(".dist-info/METADATA"):
+                data = data.split(b"\n\n", 1)[0]
+            elif name.endswith(".dist-info/RECORD"):
+                continue
+            digest.update(name.encode() + b"\0" + data + b"\0")
+    return digest.hexdigest()
+
+
+def packed_env(wheel: Path, cache: Path = CACHE) -> Path:
+    """``env.tar.gz`` for ``--archives env.tar.gz#environment``: built once per wheel content
+    and requirement pins, then reused (a concurrent build of the same key only costs time: the
+    archive is renamed into place whole)."""
+    requirements = executor_requirements()
+    key = hashlib.sha256("\n".join([wheel_digest(wheel), *requirements,
+                                    sys.version]).encode()).hexdigest()[:16]
+    archive = cache / key / "env.tar.gz"
+    if archive.exists():
+        return archive
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=archive.parent) as tmp:
+        env = Path(tmp) / "env"
+        base = getattr(sys, "_base_executable", PYTHON)  # the venv's base interpreter
+        _run([base, "-m", "venv", str(env)])
+        pip = [str(env / "bin" / "python"), "-m", "pip", "install", "-q",
+               "--disable-pip-version-check"]
+        _run([*pip, "--no-deps", str(wheel)])
+        _run([*pip, *requirements])
+        packed = Path(tmp) / "env.tar.gz"
+        _run([str(Path(PYTHON).with_name("venv-pack")), "-p", str(env), "-o", str(packed),
+              "-q"])
+        os.replace(packed, archive)
+    for old in cache.iterdir():  # one archive per key is enough; keep the cache small
+        if old != archive.parent and (old / "env.tar.gz").exists() and not any(
+                p.is_dir() for p in old.iterdir()):  # not a build under way
+            shutil.rmtree(old, ignore_errors=True)
+    return archive
