@@ -23,8 +23,10 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(BIN)/js-etl demo
 
+# Two workers (pytest-xdist): each its own nats-server and SparkSession; tests/conftest.py keeps
+# the cluster tests and the Airflow tests on one worker each.
 test: setup lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadgroup
 
 # Pure-logic tests only (tests/unit: no nats-server, no JVM): seconds, for quick feedback.
 test-unit: setup

@@ -10,6 +10,7 @@ import itertools
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +23,20 @@ from js_etl.jetstream import ConnectionOptions, JetStreamSession
 pytest_plugins = ["streams"]
 
 _counter = itertools.count(1)
+
+# `make test` runs the suite on two pytest-xdist workers (--dist loadgroup): each worker is its
+# own process with its own nats-server, SparkSession and Airflow home, and takes single tests
+# as it frees up. Tests that share something expensive or global stay on one worker together.
+_ONE_WORKER = {"cluster": "the 3-node nats-server cluster and the Spark standalone cluster",
+               "airflow": "one Airflow metadata database, migrated once"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    tests = Path(__file__).resolve().parent
+    for item in items:
+        folder = Path(item.path).resolve().relative_to(tests).parts[0]
+        if folder in _ONE_WORKER:
+            item.add_marker(pytest.mark.xdist_group(folder))
 
 
 @pytest.fixture(scope="session")
