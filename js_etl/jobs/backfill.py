@@ -6,8 +6,9 @@
         --config conf/example.yaml (--from-seq N | --from-time T) [--to-seq M | --to-time U] \
         [--set KEY=VALUE ...] [--report-file PATH]
 
-The range is checked against the stream before Spark does any work. On a cluster, js_etl must be
-importable on the executors (install the wheel there, or ship it with --py-files).
+The range is checked against the stream before Spark does any work. On a cluster, js_etl and
+its executor dependencies must be importable on the executors: ship a packed environment
+with --archives (README, "Running on a cluster"); --py-files cannot carry pyarrow.
 """
 
 from __future__ import annotations

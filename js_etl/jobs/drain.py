@@ -4,8 +4,9 @@
         "$(python -c 'import js_etl.jobs.drain as job; print(job.__file__)')" \
         --config conf/example.yaml [--set KEY=VALUE ...] [--report-file PATH]
 
-On a cluster, js_etl must be importable on the executors (install the wheel there, or ship it
-with --py-files).
+On a cluster, js_etl and its executor dependencies must be importable on the executors:
+ship a packed environment with --archives (README, "Running on a cluster"); --py-files
+cannot carry pyarrow.
 """
 
 from __future__ import annotations
