@@ -24,7 +24,7 @@ demo: setup
 	$(BIN)/js-etl demo
 
 # Two workers (pytest-xdist): each its own nats-server and SparkSession; tests/conftest.py keeps
-# the cluster tests and the Airflow tests on one worker each.
+# the Airflow tests and the Spark-cluster tests on one worker each.
 test: setup lint
 	$(BIN)/python -m pytest -n 2 --dist loadgroup
 

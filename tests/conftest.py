@@ -27,16 +27,18 @@ _counter = itertools.count(1)
 # `make test` runs the suite on two pytest-xdist workers (--dist loadgroup): each worker is its
 # own process with its own nats-server, SparkSession and Airflow home, and takes single tests
 # as it frees up. Tests that share something expensive or global stay on one worker together.
-_ONE_WORKER = {"cluster": "the 3-node nats-server cluster and the Spark standalone cluster",
-               "airflow": "one Airflow metadata database, migrated once"}
+# (a 3-node nats-server cluster starts in ~2 s: each worker may have its own.)
+_ONE_WORKER = {"airflow": "one Airflow metadata database, migrated once",
+               "cluster/test_spark_cluster.py": "the Spark standalone cluster and its executors"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     tests = Path(__file__).resolve().parent
     for item in items:
-        folder = Path(item.path).resolve().relative_to(tests).parts[0]
-        if folder in _ONE_WORKER:
-            item.add_marker(pytest.mark.xdist_group(folder))
+        path = Path(item.path).resolve().relative_to(tests).as_posix()
+        group = next((g for g in _ONE_WORKER if path == g or path.startswith(g + "/")), None)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")
