@@ -14,8 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deltalake import DeltaTable
-from nats_cluster import add_replicated_stream, raw, wait_consumer_current, wait_for
+from nats_cluster import (
+    add_replicated_stream,
+    assert_exactly_once,
+    raw,
+    wait_consumer_current,
+    wait_for,
+)
 from streams import AfterEachRound
 
 from js_etl.config import load_config
@@ -55,16 +60,6 @@ def _has_leader(cjs: JetStreamSession, names: Any) -> bool:
     return True
 
 
-def _assert_exactly_once(cjs: JetStreamSession, names: Any, table: Path, n: int) -> None:
-    rows = DeltaTable(str(table)).to_pyarrow_table(columns=["stream", "seq", "id"])
-    assert set(rows.column("stream").to_pylist()) == {names.stream}
-    seqs = sorted(rows.column("seq").to_pylist())
-    assert seqs == list(range(1, n + 1)), f"{len(seqs)} rows, {len(set(seqs))} distinct"
-    assert sorted(rows.column("id").to_pylist()) == list(range(n))
-    info = cjs.consumer_info(names.stream, names.consumer)
-    assert (info.num_pending, info.num_ack_pending) == (0, 0)
-
-
 SMALL_ROUNDS = ("fetch.max_bytes=64KiB", "fetch.partition_max_bytes=128KiB")
 
 
@@ -98,7 +93,7 @@ def test_drain_on_r3_takes_every_message_once_in_one_run(
     # No delivery went astray and had to be NAKed back: with frames lost behind an early 409
     # the run still finished, but only by releasing them (and slower).
     assert (report.released_at_end, report.duplicates_dropped) == (0, 0)
-    _assert_exactly_once(cjs, names, table, n)
+    assert_exactly_once(cjs, names, table, n)
 
 
 def test_consumer_leader_step_down_mid_run_loses_and_duplicates_nothing(
@@ -118,7 +113,7 @@ def test_consumer_leader_step_down_mid_run_loses_and_duplicates_nothing(
 
     _drain_through(spark, cjs, names, _config(names, nats_cluster.urls, table, *SMALL_ROUNDS),
                    n, step_down_once, stepped, "the step-down", 60)
-    _assert_exactly_once(cjs, names, table, n)
+    assert_exactly_once(cjs, names, table, n)
 
 
 @pytest.mark.parametrize("role", ["CONSUMER", "STREAM"])
@@ -145,7 +140,7 @@ def test_leader_sigkilled_mid_run_loses_and_duplicates_nothing(
             _drain_through(spark, cjs, names,
                            _config(names, nats_cluster.urls, table, *SMALL_ROUNDS), n,
                            kill_leader_once, killed, "the kill", 90)
-            _assert_exactly_once(cjs, names, table, n)
+            assert_exactly_once(cjs, names, table, n)
         finally:
             for node in killed:
                 node.start(timeout=60)

@@ -20,8 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from deltalake import DeltaTable
-from nats_cluster import NatsCluster, add_replicated_stream, wait_consumer_current, wait_for
+from nats_cluster import (
+    NatsCluster,
+    add_replicated_stream,
+    assert_exactly_once,
+    wait_consumer_current,
+    wait_for,
+)
 from spark_cluster import SPARK_SUBMIT, SparkCluster, gone, loopback_env, stop_tree
 
 import js_etl.jobs.drain as drain_job
@@ -65,16 +70,6 @@ def setup_r3(cjs: JetStreamSession, names: Any, n: int) -> None:
     cjs.run(publish(cjs.conn, [(f"{names.prefix}.e", json.dumps({"id": i, "pad": PAD}).encode())
                                for i in range(n)]))
     cjs.run(wait_for_messages(cjs.conn, names.stream, n))
-
-
-def assert_exactly_once(cjs: JetStreamSession, names: Any, table: Path, n: int) -> None:
-    rows = DeltaTable(str(table)).to_pyarrow_table(columns=["stream", "seq", "id"])
-    assert set(rows.column("stream").to_pylist()) == {names.stream}
-    seqs = sorted(rows.column("seq").to_pylist())
-    assert seqs == list(range(1, n + 1)), f"{len(seqs)} rows, {len(set(seqs))} distinct"
-    assert sorted(rows.column("id").to_pylist()) == list(range(n))
-    info = cjs.consumer_info(names.stream, names.consumer)
-    assert (info.num_pending, info.num_ack_pending) == (0, 0)
 
 
 class Submitted:

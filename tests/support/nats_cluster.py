@@ -157,3 +157,17 @@ def add_replicated_stream(js: JetStreamSession, name: str, subjects: list[str],
     wait_for(create, 60.0, f"create stream {name}", interval=0.2)
     return wait_stream_current(js, name, replicas)
 
+
+
+def assert_exactly_once(cjs: JetStreamSession, names: Any, table: Path, n: int) -> None:
+    """The table holds ids 0..n-1 at seqs 1..n of the test's stream, each once (read with the
+    ``deltalake`` package, an independent reader), and the consumer has nothing left."""
+    from deltalake import DeltaTable
+
+    rows = DeltaTable(str(table)).to_pyarrow_table(columns=["stream", "seq", "id"])
+    assert set(rows.column("stream").to_pylist()) == {names.stream}
+    seqs = sorted(rows.column("seq").to_pylist())
+    assert seqs == list(range(1, n + 1)), f"{len(seqs)} rows, {len(set(seqs))} distinct"
+    assert sorted(rows.column("id").to_pylist()) == list(range(n))
+    info = cjs.consumer_info(names.stream, names.consumer)
+    assert (info.num_pending, info.num_ack_pending) == (0, 0)
