@@ -16,7 +16,10 @@ it; an unknown name is refused so a typo cannot silently test nothing.
 * ``lose_checkpoint`` — the round's checkpoint blocks are dropped right after the fetch, as when
   the executor holding them dies (Spark then fails with CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND);
 * ``slow_task_start`` — every fetch task starts 1.5 × the round's base fetch window late (a
-  loaded cluster that cannot start tasks within a short ack_wait's window).
+  loaded cluster that cannot start tasks within a short ack_wait's window);
+* ``hold_after_fetch`` — the driver stops after the first round's fetch is checkpointed, writes
+  ``$JS_ETL_FAULT_GATE/held`` and waits until the test creates ``$JS_ETL_FAULT_GATE/release``
+  (a test acts on a run in the middle of a round — a signal, a second run — whatever the timing).
 """
 
 from __future__ import annotations
@@ -25,13 +28,15 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 from js_etl.errors import ConfigError
 
 ENV = "JS_ETL_FAULT"
 POINTS = frozenset({"kill_after_fetch", "kill_after_commit", "kill_mid_ack", "fail_fetch_task",
                     "fail_write_task", "stall_before_ack", "late_fetch_tasks",
-                    "slow_task_start", "lose_checkpoint"})
+                    "slow_task_start", "lose_checkpoint", "hold_after_fetch"})
+GATE_ENV = "JS_ETL_FAULT_GATE"
 
 
 class InjectedFault(RuntimeError):
@@ -55,6 +60,20 @@ def stall_here(point: str, seconds: float) -> None:
     """Sleep ``seconds`` if ``point`` is armed (the slow phase a fault test needs)."""
     if armed() == point:
         time.sleep(seconds)
+
+
+def hold_here(point: str) -> None:
+    """If ``point`` is armed, say so in the gate folder and wait until the test releases the run.
+    Once released, the gate stays open: later rounds pass it at once."""
+    if armed() != point:
+        return
+    gate = Path(os.environ[GATE_ENV])
+    release = gate / "release"
+    if release.exists():
+        return
+    (gate / "held").touch()
+    while not release.exists():
+        time.sleep(0.05)
 
 
 def start_late(fault: str | None, seconds: float) -> None:

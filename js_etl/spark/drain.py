@@ -243,6 +243,7 @@ class Drain:
                 size = replace(size, partitions=1)
             fetched, blocks = self._fetch(size, info)
             faults.kill_here("kill_after_fetch")
+            faults.hold_here("hold_after_fetch")
             try:
                 done = self._commit_and_ack(js, lock, fetched, next_round)
             finally:

@@ -93,12 +93,14 @@ def assert_exactly_once(spark: Any, js: JetStreamSession, names: Any, table: Pat
 
 
 def drain_process(names: Any, url: str, table: Path, fault: str | None, marker: str,
-                  *extra: str) -> subprocess.Popen[str]:
+                  *extra: str, gate: Path | None = None) -> subprocess.Popen[str]:
     env = {**os.environ, "TZ": "UTC", "JS_ETL_TEST_MARKER": marker,
            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     env.pop("JS_ETL_FAULT", None)
     if fault:
         env["JS_ETL_FAULT"] = fault
+    if gate is not None:
+        env["JS_ETL_FAULT_GATE"] = str(gate)
     args = [str(BIN / "js-etl"), "drain"]
     for item in overrides(names, url, table, *extra):
         args += ["--set", item]
@@ -290,23 +292,37 @@ def test_second_run_while_one_is_live_is_refused(spark, js, names, nats_server, 
     assert_exactly_once(spark, js, names, table, good, bad)
 
 
-def test_two_runs_started_together_one_is_refused(spark, js, names, nats_server, tmp_path):
-    messages, good, bad = events(names, 3000)
-    setup_stream(js, names, messages, max_ack_pending=150)  # many rounds: a long first run
-    table = tmp_path / "table"
-    lock = table / "_js_etl" / f"{names.consumer}.lock"
-    first = drain_process(names, nats_server.url, table, None, uuid.uuid4().hex)
-    deadline = time.monotonic() + 90
-    while not lock.exists() and first.poll() is None and time.monotonic() < deadline:
+def held_run(names: Any, url: str, table: Path, gate: Path) -> subprocess.Popen[str]:
+    """A ``js-etl drain`` held after its first round's fetch (fault ``hold_after_fetch``): it
+    holds the lock and its fetched messages until the test creates ``gate/release``."""
+    gate.mkdir()
+    run = drain_process(names, url, table, "hold_after_fetch", uuid.uuid4().hex, gate=gate)
+    deadline = time.monotonic() + 180
+    while not (gate / "held").exists():  # wait for state: the run is mid-round
+        if run.poll() is not None or time.monotonic() > deadline:
+            run.kill()
+            raise AssertionError("the run never reached its first round's fetch: "
+                                 + run.communicate()[1][-800:])
         time.sleep(0.05)
-    assert lock.exists(), "the first run should be holding the lock by now"
-    second = drain_process(names, nats_server.url, table, None, uuid.uuid4().hex)
-    _, second_err = second.communicate(timeout=180)
-    first.communicate(timeout=300)
+    return run
 
-    assert first.returncode == 0
+
+def test_two_runs_started_together_one_is_refused(spark, js, names, nats_server, tmp_path):
+    messages, good, bad = events(names, 300)
+    setup_stream(js, names, messages, max_ack_pending=150)  # two rounds
+    table, gate = tmp_path / "table", tmp_path / "gate"
+    first = held_run(names, nats_server.url, table, gate)
+    try:
+        assert (table / "_js_etl" / f"{names.consumer}.lock").exists()
+        second = drain_process(names, nats_server.url, table, None, uuid.uuid4().hex)
+        _, second_err = second.communicate(timeout=180)
+    finally:
+        (gate / "release").touch()
+    _, first_err = first.communicate(timeout=300)
+
     assert second.returncode == 73, second_err[-800:]
     assert "another run holds this consumer" in second_err
+    assert first.returncode == 0, first_err[-800:]  # the refused run took nothing from it
     run_drain(spark, config_for(names, nats_server.url, table))
     assert_exactly_once(spark, js, names, table, good, bad)
 
@@ -363,21 +379,18 @@ def test_overflow_helper_drains_only_above_min_pending(spark, js, names, nats_se
 
 def test_sigterm_finishes_the_round_releases_and_exits_75(spark, js, names, nats_server,
                                                           tmp_path):
-    messages, good, bad = events(names, 2000, poison_every=97)
-    setup_stream(js, names, messages, max_ack_pending=100)  # many rounds: a long run
-    table = tmp_path / "table"
-    proc = drain_process(names, nats_server.url, table, None, uuid.uuid4().hex)
-    deadline = time.monotonic() + 180
-    while not (table / "_delta_log").exists():  # wait for state: its first round committed
-        assert proc.poll() is None and time.monotonic() < deadline, "the run never committed"
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
+    messages, good, bad = events(names, 300, poison_every=97)
+    setup_stream(js, names, messages, max_ack_pending=100)  # three rounds
+    table, gate = tmp_path / "table", tmp_path / "gate"
+    proc = held_run(names, nats_server.url, table, gate)
+    proc.send_signal(signal.SIGTERM)  # mid-round: its fetch is done, its commit not yet
+    (gate / "release").touch()
     out, err = proc.communicate(timeout=180)
 
     assert proc.returncode == 75, err[-800:]
     assert err.strip().splitlines()[-1].startswith("js-etl: Terminated: SIGTERM received")
     report = json.loads(out.strip().splitlines()[-1])
-    assert report["stopped_because"] == "terminated" and report["rounds"] >= 1
+    assert report["stopped_because"] == "terminated" and report["rounds"] == 1  # that round
     assert not (table / "_js_etl" / f"{names.consumer}.lock").exists()  # released
     info = js.consumer_info(names.stream, names.consumer)
     assert info.num_pending > 0  # it stopped early ...
