@@ -4,10 +4,10 @@ standalone cluster (a master, two 1-core workers) with js-etl packed for its exe
 Every test here is marked ``cluster`` (``make test-cluster`` runs only them; ``make test`` runs
 them with the rest). The 13 JetStream-cluster tests took 143 s on the shared 2-core box; the
 JetStream cluster takes about 2.3 s to start (3 processes, a meta leader elected; measured with
-``tests/support/nats_cluster.py``). The 2 Spark-cluster tests (test_spark_cluster.py) took
-516 s at load 17-22 (nice 19): 24 s to start the Spark cluster and pack the executors'
-environment (cached: ~3 s for the wheel), 131 s and 293 s for the tests, 67 s to stop and
-delete the executors' unpacked environments.
+``tests/support/nats_cluster.py``). The Spark-cluster test (test_spark_cluster.py: two
+spark-submit runs, a worker killed between them) took 245 s beside a soak (load ~6): 26 s to
+start the Spark cluster and pack the executors' environment (cached: ~3 s for the wheel), 210 s
+for the test, 9 s to stop and delete the executors' unpacked environments.
 """
 
 from __future__ import annotations
