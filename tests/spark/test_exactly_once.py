@@ -275,9 +275,13 @@ def test_column_mapping_and_optimize_vacuum_before_the_fence(spark, js, names, n
     setup_stream(js, names, messages, max_ack_pending=100)
     table = tmp_path / "table"
     config = config_for(names, nats_server.url, table)
-    key = "spark.databricks.delta.properties.defaults.columnMapping.mode"
-    spark.conf.set(key, "name")
-    spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+    settings = {"spark.databricks.delta.properties.defaults.columnMapping.mode": "name",
+                "spark.databricks.delta.retentionDurationCheck.enabled": "false",
+                # VACUUM lists the table with this many tasks (Spark's default: 10,000 — 100 s
+                # per VACUUM of a 2-file table here, beside a soak).
+                "spark.sql.sources.parallelPartitionDiscovery.parallelism": "2"}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
     try:
         run_drain(spark, replace(config, run=replace(config.run, max_rounds=1)))
         die_before_first_ack(monkeypatch)
@@ -289,8 +293,8 @@ def test_column_mapping_and_optimize_vacuum_before_the_fence(spark, js, names, n
 
         report = run_drain(spark, config)
     finally:
-        spark.conf.unset(key)
-        spark.conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")
+        for key in settings:
+            spark.conf.unset(key)
 
     props = spark.sql(f"DESCRIBE DETAIL delta.`{table}`").first()["properties"]
     assert props.get("delta.columnMapping.mode") == "name"
