@@ -23,10 +23,11 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(BIN)/js-etl demo
 
-# Two workers (pytest-xdist): each its own nats-server and SparkSession; tests/conftest.py keeps
-# the Airflow tests and the Spark-cluster tests on one worker each.
+# TEST_WORKERS pytest-xdist workers: each its own nats-server and SparkSession; tests/conftest.py
+# keeps the Airflow tests and the Spark-cluster test on one worker each.
+TEST_WORKERS ?= 2
 test: setup lint
-	$(BIN)/python -m pytest -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 # Pure-logic tests only (tests/unit: no nats-server, no JVM): seconds, for quick feedback.
 test-unit: setup
