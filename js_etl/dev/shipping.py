@@ -1,15 +1,22 @@
 """js-etl's wheel, and the packed Python environment that ships it to Spark executors.
 
-:func:`build_wheel` is how the tests build the wheel (tests/dev/test_wheel.py runs it from
-outside the checkout, tests/cluster ships it to a standalone cluster). It needs pip's build
-isolation: the venv's own setuptools is older than the one pyproject.toml requires.
+:func:`build_wheel` is how the wheel is built for the executors (tests/dev/test_wheel.py runs it
+from outside the checkout, tests/cluster and ``js-etl bench --cluster`` ship it to a standalone
+cluster). It builds this source checkout, so it needs one: js-etl imported from an installed
+wheel has none (:class:`ShippingError`, exit 2). It needs pip's build isolation: the venv's own
+setuptools is older than the one pyproject.toml requires.
 
 :func:`packed_env` runs the README's commands for the executors' Python ("Running on a
 cluster"): a new venv, the wheel installed ``--no-deps`` plus only what executors import
 (pyarrow, pandas, nats-py, nkeys, PyYAML — pinned to the versions of the driver's venv, so
 both ends pickle and exchange Arrow data with the same libraries), packed with ``venv-pack``.
-The archive is cached under ``.cache/executor-env/<key>/`` (ignored by git), keyed by the
-wheel's contents and those pins, so a rerun with an unchanged package reuses it.
+``venv-pack`` comes with the ``dev`` extra; without it :func:`packed_env` raises
+:class:`ShippingError` saying so. The archive is cached under the checkout's
+``.cache/executor-env/<key>/`` (ignored by git), keyed by the wheel's contents and those pins,
+so a rerun with an unchanged package reuses it.
+
+Dev tooling, like :mod:`js_etl.dev.server`: no pytest here; a failed command raises
+:class:`ShippingError` with the command and the tail of its output.
 """
 
 from __future__ import annotations
@@ -24,23 +31,53 @@ import zipfile
 from importlib.metadata import version
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from js_etl.errors import TerminalError
+from js_etl.spark.jars import source_checkout
+
+# The repository root when js_etl runs from its source checkout, else None (an installed wheel).
+REPO = source_checkout()
 PYTHON = sys.executable
-CACHE = REPO / ".cache" / "executor-env"
+CACHE = REPO / ".cache" / "executor-env" if REPO is not None else None
 
 # What js-etl's executor side imports, as distribution names.
 EXECUTOR_DEPS = ("pyarrow", "pandas", "nats-py", "nkeys", "PyYAML")
 
 
+class ShippingError(TerminalError):
+    """The wheel or the executors' environment could not be built (no source checkout, no
+    venv-pack, or a failed command): something must be fixed first."""
+
+
 def _run(args: list[str], timeout: float = 600, **kwargs: object) -> None:
     done = subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False,
                           **kwargs)  # type: ignore[call-overload]
-    assert done.returncode == 0, f"{args}\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+    if done.returncode != 0:
+        raise ShippingError(f"{' '.join(map(str, args))} exited {done.returncode}\n"
+                            f"{done.stdout[-3000:]}{done.stderr[-3000:]}")
+
+
+def require_checkout() -> Path:
+    """The source checkout the wheel is built from; :class:`ShippingError` without one."""
+    if REPO is None:
+        raise ShippingError("building js-etl's wheel for the executors needs its source "
+                            "checkout; this js-etl is an installed package (run it from a clone "
+                            "of the repository with `pip install -e '.[dev]'`)")
+    return REPO
+
+
+def venv_pack() -> Path:
+    """The ``venv-pack`` of this venv (the ``dev`` extra); :class:`ShippingError` without it."""
+    tool = Path(PYTHON).with_name("venv-pack")
+    if not tool.exists():
+        raise ShippingError(f"packing the executors' environment needs venv-pack (not found at "
+                            f"{tool}): pip install -e '.[dev]'")
+    return tool
 
 
 def build_wheel(dest: Path) -> Path:
     """The wheel of this checkout, built into ``dest`` (about 4 s); its path."""
-    _run([PYTHON, "-m", "pip", "wheel", str(REPO), "--no-deps", "-q", "-w", str(dest)])
+    repo = require_checkout()
+    _run([PYTHON, "-m", "pip", "wheel", str(repo), "--no-deps", "-q", "-w", str(dest)])
     [wheel] = Path(dest).glob("js_etl-*.whl")
     return wheel
 
@@ -67,10 +104,12 @@ def wheel_digest(wheel: Path) -> str:
     return digest.hexdigest()
 
 
-def packed_env(wheel: Path, cache: Path = CACHE) -> Path:
+def packed_env(wheel: Path, cache: Path | None = None) -> Path:
     """``env.tar.gz`` for ``--archives env.tar.gz#environment``: built once per wheel content
     and requirement pins, then reused (a concurrent build of the same key only costs time: the
-    archive is renamed into place whole)."""
+    archive is renamed into place whole). ``cache``: the checkout's ``.cache/executor-env``."""
+    if cache is None:
+        cache = require_checkout() / ".cache" / "executor-env"
     requirements = executor_requirements()
     key = hashlib.sha256("\n".join([wheel_digest(wheel), *requirements,
                                     sys.version]).encode()).hexdigest()[:16]
@@ -87,8 +126,7 @@ def packed_env(wheel: Path, cache: Path = CACHE) -> Path:
         _run([*pip, "--no-deps", str(wheel)])
         _run([*pip, *requirements])
         packed = Path(tmp) / "env.tar.gz"
-        _run([str(Path(PYTHON).with_name("venv-pack")), "-p", str(env), "-o", str(packed),
-              "-q"])
+        _run([str(venv_pack()), "-p", str(env), "-o", str(packed), "-q"])
         os.replace(packed, archive)
     for old in cache.iterdir():  # one archive per key is enough; keep the cache small
         if old != archive.parent and (old / "env.tar.gz").exists() and not any(
