@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from importlib.metadata import version
 from pathlib import Path
@@ -38,6 +39,10 @@ from js_etl.spark.jars import source_checkout
 REPO = source_checkout()
 PYTHON = sys.executable
 CACHE = REPO / ".cache" / "executor-env" if REPO is not None else None
+
+# An archive of another key (older sources) is deleted only after this long unused: longer than
+# a `js-etl bench --cluster 1,2,4` or a test session that may still be submitting it.
+PRUNE_AFTER = 3 * 3600.0
 
 # What js-etl's executor side imports, as distribution names.
 EXECUTOR_DEPS = ("pyarrow", "pandas", "nats-py", "nkeys", "PyYAML")
@@ -115,6 +120,7 @@ def packed_env(wheel: Path, cache: Path | None = None) -> Path:
                                     sys.version]).encode()).hexdigest()[:16]
     archive = cache / key / "env.tar.gz"
     if archive.exists():
+        os.utime(archive)  # in use again: not pruned by a build of another key (below)
         return archive
     archive.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=archive.parent) as tmp:
@@ -128,8 +134,13 @@ def packed_env(wheel: Path, cache: Path | None = None) -> Path:
         packed = Path(tmp) / "env.tar.gz"
         _run([str(venv_pack()), "-p", str(env), "-o", str(packed), "-q"])
         os.replace(packed, archive)
-    for old in cache.iterdir():  # one archive per key is enough; keep the cache small
-        if old != archive.parent and (old / "env.tar.gz").exists() and not any(
-                p.is_dir() for p in old.iterdir()):  # not a build under way
+    # Keep the cache small: drop other keys' archives, but only those unused for PRUNE_AFTER
+    # seconds. A bench or test session started before an edit of the sources still submits
+    # its (older) archive for every leg: deleting it under them would fail their next submit.
+    for old in cache.iterdir():
+        previous = old / "env.tar.gz"
+        if old != archive.parent and previous.exists() and not any(
+                p.is_dir() for p in old.iterdir()) and (  # not a build under way
+                time.time() - previous.stat().st_mtime > PRUNE_AFTER):
             shutil.rmtree(old, ignore_errors=True)
     return archive
