@@ -111,6 +111,19 @@ def test_cluster_mode_without_venv_pack_exits_2_with_one_line(monkeypatch, capsy
 
 
 def test_cluster_mode_runs_one_workload(capsys, tmp_path):
+    import argparse
+
+    from js_etl.dev.bench.cli import add_arguments, settings_from_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+
+    def settings(*argv: str):
+        return settings_from_args(parser.parse_args([*argv, "--workdir", str(tmp_path)]))
+
+    assert settings("--cluster", "1,2,4").workloads == [(20_000, 1024)]  # README's default
+    assert settings("--cluster", "1", "--messages", "300", "--size", "256").workloads == [
+        (300, 256)]
     assert bench_main(["--cluster", "1", "--messages", "1,2", "--workdir", str(tmp_path)]) == 2
     assert "one workload" in capsys.readouterr().err
     assert bench_main(["--cluster", "0", "--workdir", str(tmp_path)]) == 2
