@@ -100,7 +100,7 @@ class ClusterBench:
 
     def leg(self, mode: str, n: int, master: str, env_archive: Path | None,
             pub: dict[str, Any], messages: int) -> dict[str, Any]:
-        from js_etl.dev.spark_cluster import loopback_env
+        from js_etl.dev.spark_cluster import loopback_env, stop_tree
 
         name = leg_name(mode, n)
         consumer = f"{mode}{n}"
@@ -114,15 +114,21 @@ class ClusterBench:
         log = self.s.workdir / f"spark-submit-{consumer}.log"
         leg["load_average_start"] = round(os.getloadavg()[0], 2)
         t0 = time.monotonic()
-        try:
-            with log.open("wb") as out:
-                done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, env=loopback_env(),
-                                      cwd=self.s.workdir, timeout=600 + messages / 50)
-            leg["exit_code"] = done.returncode
-        except subprocess.TimeoutExpired as e:  # subprocess.run killed it
-            leg["exit_code"] = None
-            leg["problems"].append(f"spark-submit timed out after {e.timeout:.0f} s")
+        timeout = 600 + messages / 50
+        with log.open("wb") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=loopback_env(),
+                                    cwd=self.s.workdir, start_new_session=True)
+            try:
+                leg["exit_code"] = proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                leg["exit_code"] = None
+                leg["problems"].append(f"spark-submit timed out after {timeout:.0f} s")
+            finally:
+                # spark-submit's JVM starts the driver's Python as its child: a timeout or an
+                # interrupt stops both, each by pid (stop_tree), not only the JVM.
+                if proc.poll() is None:
+                    stop_tree(proc, kill=True)
         leg["wall_seconds"] = round(time.monotonic() - t0, 3)
         leg["load_average_end"] = round(os.getloadavg()[0], 2)
         if leg["exit_code"] not in (0, None):
