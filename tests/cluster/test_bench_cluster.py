@@ -5,9 +5,10 @@ exit-2 refusals when the cluster mode cannot run (no source checkout, no venv-pa
 Here (marker ``cluster``, ``make test-cluster``) because the real run starts its own Spark
 standalone cluster. It reuses the packed environment of test_spark_cluster.py's fixture when
 the sources did not change (the same key in ``.cache/executor-env``). Measured on the shared
-2-core box: 449 s beside a soak and a full ``js-etl bench --cluster 1,2,4`` (load 14-17); the
-same command with 500 messages ran in 238 s at load 10-12 (40 s packing the environment, then
-75 s and 86 s for the two spark-submits): the JVMs are the cost, not the 300 messages."""
+2-core box beside a soak: 172 s at load about 11, 449 s beside a full ``js-etl bench --cluster
+1,2,4`` as well (load 14-17); the same command with 500 messages ran in 238 s at load 10-12 (40 s
+packing the environment, then 75 s and 86 s for the two spark-submits): the JVMs are the cost,
+not the 300 messages."""
 
 from __future__ import annotations
 
