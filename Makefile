@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test test-unit test-cluster lint soak bench clean nats-cli
+.PHONY: setup demo test test-unit test-cluster lint soak bench bench-cluster clean nats-cli
 
 # The real NATS CLI for the tests that run every `nats …` command js-etl or the README prints.
 # The test fixture (tests/conftest.py: nats_cli) builds it the same way when it is missing.
@@ -54,6 +54,11 @@ soak: setup
 # Full-size benchmark (a few minutes): js-etl against the bare pull+ack loop and a simple peer.
 bench: setup
 	$(BIN)/js-etl bench
+
+# The drain job by spark-submit on a Spark standalone cluster with 1, 2 and 4 one-core executors
+# against local[1], local[2], local[4] on the same 20,000 x 1 KiB messages (README "Benchmarks").
+bench-cluster: setup
+	$(BIN)/js-etl bench --cluster 1,2,4
 
 nats-cli: .tools/bin/nats
 

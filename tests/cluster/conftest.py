@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 from nats_cluster import NatsCluster
-from shipping import build_wheel, packed_env
-from spark_cluster import SparkCluster
 
+from js_etl.dev.shipping import build_wheel, packed_env
+from js_etl.dev.spark_cluster import SparkCluster
 from js_etl.jetstream import JetStreamSession
 
 
@@ -49,7 +49,7 @@ def cjs(nats_cluster: NatsCluster) -> Iterator[JetStreamSession]:
 
 @pytest.fixture(scope="session")
 def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
-    """A Spark standalone master and two 1-core, 1 GiB workers (tests/support/spark_cluster.py),
+    """A Spark standalone master and two 1-core, 1 GiB workers (js_etl/dev/spark_cluster.py),
     loopback only, stopped by pid with their executors."""
     cluster = SparkCluster(tmp_path_factory.mktemp("spark-cluster"), workers=2, cores=1,
                            memory="1g")
@@ -62,6 +62,6 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkClu
 
 @pytest.fixture(scope="session")
 def executor_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """js-etl's wheel packed with the executors' dependencies (tests/support/shipping.py), for
+    """js-etl's wheel packed with the executors' dependencies (js_etl/dev/shipping.py), for
     ``--archives <it>#environment``; cached in .cache/executor-env by the wheel's contents."""
     return packed_env(build_wheel(tmp_path_factory.mktemp("wheel")))

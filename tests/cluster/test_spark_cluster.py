@@ -27,10 +27,10 @@ from nats_cluster import (
     wait_consumer_current,
     wait_for,
 )
-from spark_cluster import SPARK_SUBMIT, SparkCluster, gone, loopback_env, stop_tree
 
 import js_etl.jobs.drain as drain_job
 from js_etl.dev.publish import publish, wait_for_messages
+from js_etl.dev.spark_cluster import SPARK_SUBMIT, SparkCluster, gone, loopback_env, stop_tree
 from js_etl.jetstream import ConsumerConfig, JetStreamSession
 from js_etl.spark.jars import delta_jars
 

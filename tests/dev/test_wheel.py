@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from shipping import build_wheel
 
+from js_etl.dev.shipping import build_wheel
 from js_etl.spark.jars import DELTA_VERSION
 
 REPO = Path(__file__).resolve().parents[2]

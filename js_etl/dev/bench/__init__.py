@@ -39,6 +39,14 @@ baseline's processes; RSS summed, so pages shared by forked workers count more t
 its own JVM, on a consumer with ``max_ack_pending`` N (so a round holds at most N messages and
 the 4×N run takes at least 4 rounds), and reports the peak-RSS ratio (target: within 10%).
 
+``--cluster 1,2,4`` is a separate run (:mod:`js_etl.dev.bench.cluster`): the drain job by
+spark-submit on a Spark standalone cluster the bench starts (N one-core executors,
+``spark.cores.max=N``, js-etl shipped as a packed environment with ``--archives``) against the
+same job on ``local[N]``, for each N, on one published workload (default 20,000 x 1 KiB), each
+leg verified like the others; it reports each leg's rate, phase seconds and load average, and
+the ratios cluster-N / local-N and each leg's rate over its N=1 leg's. It needs the ``dev``
+extra (venv-pack) and a source checkout (the executors get this checkout's wheel).
+
 Rates are wall-clock; next to them the bench prints CPU seconds of its own processes against
 the busy CPU seconds of the whole machine (other load shows as the difference) and messages per
 CPU-second, whose ratios are less sensitive to other load. ``--repeat K`` alternates the legs K
@@ -50,10 +58,12 @@ The last stdout line is the whole result as JSON (also written to ``--json PATH`
     js-etl bench --quick              # 20,000 x 256 B and 5,000 x 4 KiB (a smoke run)
     js-etl bench --messages 500000 --size 1024 --set fetch.batch=2000 --json bench.json
     js-etl bench --memory-check       # js-etl at 1,000,000 and 4,000,000 x 256 B
+    js-etl bench --cluster 1,2,4      # spark-submit on a standalone cluster vs local[N]
 
 The package, one module per concern: ``settings`` (what a run measures: workloads, payloads,
 fixed parameters), ``children`` (the process harness and the RSS/CPU sampler), ``legs`` (what
 each leg's processes do), ``verify`` (table and consumer checks), ``runner`` (one run: publish,
-legs, verification, memory check), ``report`` (results, ratios, the printed table), ``cli``
+legs, verification, memory check), ``cluster`` (the ``--cluster`` run), ``report``
+(results, ratios, the printed table), ``cli``
 (arguments and the ``js-etl bench`` entry point).
 """

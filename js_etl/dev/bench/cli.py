@@ -13,9 +13,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from js_etl.dev import bench as bench_package
+from js_etl.dev.bench.cluster import ClusterBench, format_cluster
 from js_etl.dev.bench.report import format_results
 from js_etl.dev.bench.runner import Bench
 from js_etl.dev.bench.settings import (
+    CLUSTER_MESSAGES,
+    CLUSTER_SIZE,
     DEFAULT_LEGS,
     DEFAULT_WORKLOADS,
     LEG_LABELS,
@@ -83,6 +86,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"a {WARMUP_MESSAGES:,}-message untimed drain after Spark starts, "
                              "so the timed legs do not pay JIT and Delta's first use "
                              "(default: on, off with --quick except for --memory-check)")
+    parser.add_argument("--cluster", type=_int_list, metavar="N[,N...]",
+                        help="only the cluster mode: the drain job by spark-submit on a Spark "
+                             "standalone cluster with N one-core executors against local[N], "
+                             "for each N, on the same data (default workload "
+                             f"{CLUSTER_MESSAGES:,} x {CLUSTER_SIZE} B; needs the dev extra and "
+                             "a source checkout)")
     parser.add_argument("--json", dest="json_path", metavar="PATH",
                         help="also write the JSON result here")
     parser.add_argument("--workdir", help="where the server store and tables go (default: a new "
@@ -91,7 +100,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    defaults = QUICK_WORKLOADS if args.quick else DEFAULT_WORKLOADS
+    defaults: tuple[tuple[int, int], ...] = QUICK_WORKLOADS if args.quick else DEFAULT_WORKLOADS
+    if args.cluster is not None:
+        if any(n < 1 for n in args.cluster):
+            raise TerminalError("--cluster: executor counts must be >= 1")
+        if args.memory_check:
+            raise TerminalError("--cluster and --memory-check are separate runs: pick one")
+        if len(args.messages or []) > 1 or len(args.size or []) > 1:
+            raise TerminalError("--cluster runs one workload: give one --messages and one --size")
+        defaults = ((CLUSTER_MESSAGES, CLUSTER_SIZE),)
     messages = args.messages or [n for n, _ in defaults]
     sizes = args.size or ([s for _, s in defaults] if len(messages) == len(defaults)
                           else [defaults[0][1]])
@@ -134,13 +151,23 @@ def run_bench(args: argparse.Namespace) -> int:
     from js_etl.dev.server import LocalNatsServer
 
     settings = settings_from_args(args)
+    if args.cluster is not None:
+        # Before anything starts: one line and exit 2 without a checkout or venv-pack.
+        from js_etl.dev.shipping import require_checkout, venv_pack
+
+        require_checkout()
+        venv_pack()
     os.environ.setdefault("TZ", "UTC")
     settings.workdir.mkdir(parents=True, exist_ok=True)
     out = lambda text: print(text, flush=True)  # noqa: E731
     try:
         with LocalNatsServer(settings.workdir / "nats") as server:
             out(f"nats-server {server.url} (pid {server.pid}), work dir {settings.workdir}")
-            bench = Bench(settings, server.url, out)
+            bench: Bench | ClusterBench
+            if args.cluster is not None:
+                bench = ClusterBench(settings, args.cluster, server.url, out)
+            else:
+                bench = Bench(settings, server.url, out)
             try:
                 result = bench.run()
             finally:
@@ -148,7 +175,7 @@ def run_bench(args: argparse.Namespace) -> int:
     finally:
         if not settings.keep:
             shutil.rmtree(settings.workdir, ignore_errors=True)
-    out(format_results(result))
+    out(format_cluster(result) if args.cluster is not None else format_results(result))
     text = json.dumps(result, separators=(",", ":"), default=str)
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(result, indent=2, default=str) + "\n")

@@ -7,6 +7,8 @@ from pathlib import Path
 
 DEFAULT_WORKLOADS = ((1_000_000, 256), (200_000, 4096))
 QUICK_WORKLOADS = ((20_000, 256), (5_000, 4096))
+# --cluster: one workload, a few minutes for 1,2,4 executors on the shared 2-core box.
+CLUSTER_MESSAGES, CLUSTER_SIZE = 20_000, 1024
 MEMORY_N, QUICK_MEMORY_N, MEMORY_SIZE = 1_000_000, 20_000, 256
 MEMORY_TARGET = 1.10  # peak RSS at 4×N within 10% of N
 WARMUP_MESSAGES = 2_000

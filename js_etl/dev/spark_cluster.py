@@ -1,4 +1,5 @@
-"""A Spark standalone cluster of real processes, for tests/cluster (no tests here).
+"""A Spark standalone cluster of real processes: dev tooling shared by ``js-etl bench --cluster``
+and tests/cluster (like :mod:`js_etl.dev.server` for nats-server; no pytest here).
 
 A master and ``workers`` one-core workers, each a JVM started with pyspark's own
 ``bin/spark-class`` (``org.apache.spark.deploy.master.Master`` / ``...worker.Worker``), all on
@@ -15,20 +16,35 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Self
 
 import psutil
 import pyspark
-from nats_cluster import wait_for
 
 from js_etl.dev.server import free_port
 
 SPARK_HOME = Path(pyspark.__file__).parent
 SPARK_CLASS = SPARK_HOME / "bin" / "spark-class"
 SPARK_SUBMIT = SPARK_HOME / "bin" / "spark-submit"
+
+
+def wait_for(condition: Callable[[], Any], timeout: float, what: str,
+             interval: float = 0.05) -> Any:
+    """Poll ``condition()`` until it returns something truthy (state, not time); raise
+    :class:`TimeoutError` naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s: {what}")
+        time.sleep(interval)
 
 
 def loopback_env(log_dir: Path | None = None) -> dict[str, str]:
@@ -56,7 +72,8 @@ class _Daemon:
 
     @property
     def pid(self) -> int:
-        assert self.proc is not None, f"{self.name} is not running"
+        if self.proc is None:
+            raise RuntimeError(f"{self.name} is not running")
         return self.proc.pid
 
     def start(self) -> None:
@@ -121,7 +138,7 @@ def gone(process: psutil.Process) -> bool:
 def _wait_gone(processes: list[psutil.Process], timeout: float) -> bool:
     try:
         wait_for(lambda: all(gone(p) for p in processes), timeout, "processes to exit")
-    except AssertionError:
+    except TimeoutError:
         return False
     return True
 
