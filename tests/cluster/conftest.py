@@ -1,5 +1,7 @@
 """Fixtures of the clustered tests: one 3-node JetStream cluster per test session, and one Spark
-standalone cluster (a master, two 1-core workers) with js-etl packed for its executors.
+standalone cluster (a master, two 1-core workers; js_etl/dev/spark_cluster.py) with js-etl packed
+for its executors (js_etl/dev/shipping.py). test_bench_cluster.py's real run starts its own
+cluster through ``js-etl bench --cluster``, as users do.
 
 Every test here is marked ``cluster`` (``make test-cluster`` runs only them; ``make test`` runs
 them with the rest). The 13 JetStream-cluster tests took 143 s on the shared 2-core box; the
