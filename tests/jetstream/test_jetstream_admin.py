@@ -90,7 +90,9 @@ def test_consumer_info_priority_group_state(js, names, stream):
         priority_policy=PriorityPolicy.PINNED_CLIENT, priority_timeout=30)))
     pub(js, f"{names.prefix}.a", 1)
     puller = js.puller(stream, pinned, priority_group=PriorityGroupRequest("jobs"))
-    assert len(js.pull(puller, 1).messages) == 1
+    # The consumer existed before the publish: it learns of the message asynchronously, and a
+    # no_wait pull in between is answered 404 (seen once, at load ~11, three test workers).
+    wait_until(lambda: js.pull(puller, 1), lambda r: len(r.messages) == 1)
     state = js.consumer_info(stream, pinned)
     assert state.config.priority_timeout == 30.0
     (group,) = state.priority_groups
