@@ -67,6 +67,8 @@ def hold_here(point: str) -> None:
     Once released, the gate stays open: later rounds pass it at once."""
     if armed() != point:
         return
+    if not os.environ.get(GATE_ENV):
+        raise ConfigError(f"{ENV}={point} needs {GATE_ENV}=<folder> for its held/release files")
     gate = Path(os.environ[GATE_ENV])
     release = gate / "release"
     if release.exists():
