@@ -27,14 +27,14 @@ demo: setup
 # keeps the Airflow tests and the Spark-cluster test on one worker each.
 TEST_WORKERS ?= 2
 test: setup lint
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not bench_cluster"
 
 # Pure-logic tests only (tests/unit: no nats-server, no JVM): seconds, for quick feedback.
 test-unit: setup
 	$(BIN)/python -m pytest tests/unit
 
 # Only the tests against a 3-node nats-server cluster and a Spark standalone cluster (tests/cluster,
-# marker `cluster`); `make test` runs them too.
+# marker `cluster`); `make test` runs them too, all but the real run of `js-etl bench --cluster`.
 test-cluster: setup
 	$(BIN)/python -m pytest -m cluster tests/cluster
 
