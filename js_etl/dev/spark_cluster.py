@@ -16,35 +16,19 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Self
 
 import psutil
 import pyspark
 
-from js_etl.dev.server import free_port
+from js_etl.dev.server import free_port, wait_for
 
 SPARK_HOME = Path(pyspark.__file__).parent
 SPARK_CLASS = SPARK_HOME / "bin" / "spark-class"
 SPARK_SUBMIT = SPARK_HOME / "bin" / "spark-submit"
-
-
-def wait_for(condition: Callable[[], Any], timeout: float, what: str,
-             interval: float = 0.05) -> Any:
-    """Poll ``condition()`` until it returns something truthy (state, not time); raise
-    :class:`TimeoutError` naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout}s: {what}")
-        time.sleep(interval)
 
 
 def loopback_env(log_dir: Path | None = None) -> dict[str, str]:

@@ -12,11 +12,10 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Self
 
-from js_etl.dev.server import LocalNatsServer, free_port
+from js_etl.dev.server import LocalNatsServer, free_port, wait_for
 from js_etl.jetstream import ConnectionOptions, JetStreamSession
 from js_etl.jetstream.errors import JetStreamError
 
@@ -92,18 +91,6 @@ def _answers(js: JetStreamSession, api: str) -> bool:
     except JetStreamError:
         return False
     return True
-
-
-def wait_for(condition: Any, timeout: float, what: str, interval: float = 0.05) -> Any:
-    """Poll ``condition()`` until it returns something truthy; fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s: {what}")
-        time.sleep(interval)
 
 
 def raw(js: JetStreamSession, api: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
