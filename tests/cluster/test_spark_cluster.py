@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -28,31 +27,18 @@ from nats_cluster import (
     wait_for,
 )
 
-import js_etl.jobs.drain as drain_job
+from js_etl.dev.bench.cluster import submit_command as bench_submit_command
 from js_etl.dev.publish import publish, wait_for_messages
-from js_etl.dev.spark_cluster import SPARK_SUBMIT, SparkCluster, gone, loopback_env, stop_tree
+from js_etl.dev.spark_cluster import SparkCluster, gone, loopback_env, stop_tree
 from js_etl.jetstream import ConsumerConfig, JetStreamSession
-from js_etl.spark.jars import delta_jars
 
 PAD = "x" * 1000  # ~1 KiB messages: a few thousand of them still make several rounds
 
 
 def submit_command(cluster: SparkCluster, env_archive: Path, *job_args: str) -> list[str]:
-    """The README's spark-submit of the drain on a standalone cluster (client mode)."""
-    return [
-        str(SPARK_SUBMIT), "--master", cluster.master_url, "--deploy-mode", "client",
-        "--jars", ",".join(delta_jars()),
-        "--archives", f"{env_archive}#environment",
-        "--conf", "spark.pyspark.python=./environment/bin/python",
-        # The driver runs here, in the venv that has pyspark and delta-spark.
-        "--conf", f"spark.pyspark.driver.python={sys.executable}",
-        "--conf", "spark.executor.memory=1g", "--conf", "spark.ui.enabled=false",
-        "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
-        # Small tables: with Spark's and Delta's defaults (200 shuffle partitions, 50 snapshot
-        # partitions) the first commit ran a 50-task stage, 29 s on two loaded 1-core executors.
-        "--conf", "spark.sql.shuffle.partitions=4",
-        "--conf", "spark.databricks.delta.snapshotPartitions=2",
-        drain_job.__file__, *job_args]
+    """The README's spark-submit of the drain on the standalone cluster (client mode, both
+    workers' cores): the command ``js-etl bench --cluster`` runs, so both test the same one."""
+    return bench_submit_command(cluster.master_url, len(cluster.workers), job_args, env_archive)
 
 
 def job_args(names: Any, nats: NatsCluster, table: Path, report: Path, *extra: str) -> list[str]:
