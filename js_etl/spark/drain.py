@@ -65,7 +65,7 @@ import uuid
 from dataclasses import replace
 from datetime import UTC, datetime
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from js_etl import faults
 from js_etl.config import JobConfig
@@ -95,6 +95,7 @@ from js_etl.spark.fetch import RAW_DDL, FetchPlan, fetch_partition
 from js_etl.spark.lock import TableLock
 from js_etl.spark.rounds import (
     RoundSize,
+    RoundStats,
     budget_left,
     budget_spent,
     fetch_seconds,
@@ -387,14 +388,12 @@ class Drain:
             if rdd_id in rdds:
                 rdds[rdd_id].unpersist(False)
 
-    def _stats(self, fetched: DataFrame) -> Any:
+    def _stats(self, fetched: DataFrame) -> RoundStats:
         from pyspark.sql import functions as F
 
-        return fetched.agg(
-            F.count("*").alias("n"), F.count_distinct("seq").alias("distinct"),
-            F.count("error").alias("dead"),
-            F.coalesce(F.sum(PAYLOAD_BYTES), F.lit(0)).alias("bytes"),
-            F.min("seq").alias("first"), F.max("seq").alias("last")).first()
+        return RoundStats.of(fetched.select(
+            "seq", F.col("error").isNotNull().alias("dead"),
+            F.col(PAYLOAD_BYTES).alias("bytes")).toArrow())
 
     def _commit_and_ack(self, js: JetStreamSession, lock: TableLock, fetched: DataFrame,
                         round_no: int) -> bool:
@@ -407,13 +406,13 @@ class Drain:
         try:
             with self.report.phase("write"):
                 stats = self._stats(fetched)
-                if not stats["n"]:
+                if not stats.n:
                     return False
-                if stats["distinct"] < stats["n"]:
+                if stats.distinct < stats.n:
                     fetched, blocks = self._dedupe(fetched)
-                    report.duplicates_dropped += stats["n"] - stats["distinct"]
+                    report.duplicates_dropped += stats.n - stats.distinct
                     stats = self._stats(fetched)
-                first, last = int(stats["first"]), int(stats["last"])
+                first, last = stats.first, stats.last
                 seqs = fetched.select("seq")
                 # Sequences a table already holds (committed by an earlier round or run whose
                 # acks were lost) are acked below, never written twice.
@@ -433,12 +432,12 @@ class Drain:
                     written = self._stats(fetched)
                 tag = CommitTag(self.config.job_id, self.run_id, round_no, self.ack_prefix,
                                 first, last)
-                if written["dead"]:
+                if written.dead:
                     lock.check()
                     report.dead_letter_versions.append(self.dead_letters.append(
                         self.spark, self.decoder.dead_letters(fetched), tag, partition_by=[],
                         merge_schema=False))
-                if written["n"] > written["dead"]:
+                if written.n > written.dead:
                     rows, partition_names = with_partition_columns(
                         self.decoder.rows(fetched), list(self.config.target.partition_by))
                     if self.fault == "fail_write_task":
@@ -467,7 +466,7 @@ class Drain:
         finally:
             self._release_blocks(blocks)
         report.rounds += 1
-        report.bytes += int(stats["bytes"])
+        report.bytes += stats.bytes
         report.first_seq = min(x for x in (report.first_seq, first) if x is not None)
         report.last_seq = max(x for x in (report.last_seq, last) if x is not None)
         return True

@@ -1,6 +1,7 @@
-"""Planning a drain's rounds: how big the next round is, how long it may pull, and when the run
-stops. Pure logic on the config, the consumer's info and the run's report (no Spark, no server),
-so every rule here is tested without either (``tests/unit/test_round_plan.py``).
+"""Planning a drain's rounds: how big the next round is, how long it may pull, when the run
+stops, and what a round fetched. Pure logic on the config, the consumer's info, the run's report
+and Arrow tables (no Spark, no server), so every rule here is tested without either
+(``tests/unit/test_round_plan.py``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from typing import TYPE_CHECKING
 from js_etl.report import StopReason
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from js_etl.config import JobConfig, RunConfig
     from js_etl.jetstream.api import ConsumerInfo
     from js_etl.report import RunReport
@@ -26,6 +29,32 @@ class RoundSize:
     partition_messages: int
     partition_bytes: int
     extra_messages: int = 0  # the first this many partitions may take one message more
+
+
+@dataclass(frozen=True, slots=True)
+class RoundStats:
+    """What a round fetched, counted on the driver from one narrow collect (seq, dead flag,
+    payload bytes) with Arrow kernels. A Spark aggregate with ``count_distinct`` needs a shuffle:
+    profiled on a fresh JVM, its two jobs took 2.8 s of a 816,000-message round."""
+
+    n: int  # rows
+    distinct: int  # distinct seqs: fewer than n means a redelivery within the round
+    dead: int  # rows flagged as dead letters
+    bytes: int  # payload bytes
+    first: int  # lowest and highest seq (0 when n is 0)
+    last: int
+
+    @classmethod
+    def of(cls, table: pa.Table) -> RoundStats:
+        import pyarrow.compute as pc
+
+        if not table.num_rows:
+            return cls(0, 0, 0, 0, 0, 0)
+        seq = table.column("seq")
+        return cls(table.num_rows, pc.count_distinct(seq).as_py(),
+                   pc.sum(table.column("dead").cast("int64")).as_py(),
+                   pc.sum(table.column("bytes").cast("int64")).as_py() or 0,
+                   pc.min(seq).as_py(), pc.max(seq).as_py())
 
 
 def fetch_seconds(config: JobConfig, ack_wait: float) -> float:

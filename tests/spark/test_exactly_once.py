@@ -22,6 +22,7 @@ import pytest
 from streams import AfterEachRound
 from test_faults import assert_exactly_once, config_for, events, setup_stream
 
+from js_etl.config import load_config
 from js_etl.dev.publish import publish, wait_for_messages
 from js_etl.errors import RunRefusedError, TerminalError
 from js_etl.jetstream.errors import ConsumerConfigError
@@ -29,7 +30,9 @@ from js_etl.spark import drain as drain_module
 from js_etl.spark import lock as lock_module
 from js_etl.spark.delta import CommitTag, DeltaTarget
 from js_etl.spark.drain import run_drain
+from js_etl.spark.fetch import RAW_DDL
 from js_etl.spark.lock import LockOwner, ProcessId, TableLock
+from js_etl.spark.rounds import RoundStats
 
 pytestmark = pytest.mark.slow
 
@@ -319,3 +322,28 @@ def test_fence_on_an_empty_consumer_runs_no_spark_job(spark, js, names, nats_ser
 
     assert report.stopped_because == "drained" and report.reacked_at_start == 0
     assert set(tracker.getJobIdsForGroup(None)) == before  # NATS and the lock only
+
+
+def test_a_round_holding_a_seq_twice_keeps_only_its_latest_delivery(spark, tmp_path):
+    """The second line of defence behind the round deadline (js_etl.spark.drain): a round whose
+    fetch holds a seq twice — a redelivery inside the round — is seen by the round's stats,
+    and only the latest delivery of that seq is kept for the tables."""
+    config = load_config(None, [
+        "nats.servers=nats://127.0.0.1:4222", "source.stream=S", "source.consumer=c",
+        f"target.path={tmp_path / 'table'}", "decode.format=json", "decode.schema=id BIGINT",
+    ], environ={})
+    drain = drain_module.Drain(spark, config, config.nats.connection_options())
+    deliveries = [(1, 1, 1, b'{"id":1}'), (2, 2, 1, b'{"id":2}'), (1, 3, 2, b'{"id":10}'),
+                  (3, 4, 1, b"[1]")]  # (seq, consumer_seq, num_delivered, payload)
+    fetched = drain.decoder.flag(spark.createDataFrame(
+        [("s.x", "S", seq, cseq, n, None, None, bytearray(data), True)
+         for seq, cseq, n, data in deliveries], RAW_DDL))
+    assert drain._stats(fetched) == RoundStats(n=4, distinct=3, dead=1, bytes=28, first=1, last=3)
+    deduped, blocks = drain._dedupe(fetched)
+    try:
+        assert drain._stats(deduped) == RoundStats(n=3, distinct=3, dead=1, bytes=20, first=1,
+                                                   last=3)
+        kept = {(r.seq, r.consumer_seq, r.id) for r in drain.decoder.rows(deduped).collect()}
+        assert kept == {(1, 3, 10), (2, 2, 2)}
+    finally:
+        drain._release_blocks(blocks)

@@ -6,7 +6,7 @@ from typing import Any
 
 from js_etl.config import load_config
 from js_etl.jetstream import ConsumerInfo
-from js_etl.spark.rounds import RoundSize, plan_round
+from js_etl.spark.rounds import RoundSize, RoundStats, plan_round
 
 MiB = 1 << 20
 INF = float("inf")
@@ -66,3 +66,14 @@ def test_consumer_pull_limits_cap_each_pull():
 def test_run_budgets_shrink_the_last_round():
     size = plan(info(max_ack_pending=-1), messages_left=3, bytes_left=10 * MiB)
     assert size == RoundSize(2, 2, 8 * MiB, 1, 5 * MiB, extra_messages=1)  # 2 + 1 messages
+
+
+def test_round_stats_count_redeliveries_dead_letters_and_bytes():
+    import pyarrow as pa
+
+    fetched = pa.table({"seq": pa.array([7, 3, 7, 9], pa.int64()),
+                        "dead": [False, True, False, False],
+                        "bytes": pa.array([10, 20, 30, 40], pa.int32())})
+    assert RoundStats.of(fetched) == RoundStats(n=4, distinct=3, dead=1, bytes=100, first=3,
+                                                last=9)
+    assert RoundStats.of(fetched.slice(0, 0)) == RoundStats(0, 0, 0, 0, 0, 0)
