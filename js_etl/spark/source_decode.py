@@ -7,11 +7,15 @@ exactly one JSON object matching the schema; anything else keeps its raw bytes i
 says why in ``error``. Hostile payloads are reasons, never a crashed task: nesting deeper than
 Python's parser recurses (``RecursionError``) and integers longer than ``int()`` converts
 (Python 3.11's 4,300-digit limit) are caught (tests/unit/test_source_decode.py).
+
+A batch whose payloads are provably decoded the same way by one pyarrow parse goes that way
+instead (:mod:`js_etl.spark.json_batch`); any other batch is decoded payload by payload here.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal, InvalidOperation
@@ -23,6 +27,7 @@ import pyarrow.compute as pc
 from js_etl.errors import JsEtlError
 from js_etl.instant import parse_instant
 from js_etl.spark import decode as reasons
+from js_etl.spark.json_batch import decode_json_batch
 
 if TYPE_CHECKING:
     from pyspark.sql.types import DataType, StructType
@@ -75,15 +80,21 @@ class BatchDecoder:
     def _json(self, raw: pa.RecordBatch, origin: list[pa.Array], names: list[str]
               ) -> pa.RecordBatch:
         fields = self.spark_type.fieldNames()
-        rows: list[dict[str, Any] | None] = []
-        errors: list[str | None] = []
-        for payload, is_utf8 in zip(raw.column("data").to_pylist(),
-                                    raw.column("data_is_utf8").to_pylist(), strict=True):
-            row, error = decode_json(payload, is_utf8, self.spark_type, self.decode)
-            rows.append(row)
-            errors.append(error)
-        struct = pa.array(rows, self.arrow_type)
-        error_array = pa.array(errors, pa.string())
+        struct = (decode_json_batch(raw.column("data"), raw.column("data_is_utf8"),
+                                    self.arrow_type, keep_raw=self.decode.keep_raw)
+                  if self.decode.unknown_fields == "ignore" else None)
+        if struct is not None:  # one pyarrow parse, proven to give what decode_json gives
+            error_array = pa.nulls(raw.num_rows, pa.string())
+        else:
+            rows: list[dict[str, Any] | None] = []
+            errors: list[str | None] = []
+            for payload, is_utf8 in zip(raw.column("data").to_pylist(),
+                                        raw.column("data_is_utf8").to_pylist(), strict=True):
+                row, error = decode_json(payload, is_utf8, self.spark_type, self.decode)
+                rows.append(row)
+                errors.append(error)
+            struct = pa.array(rows, self.arrow_type)
+            error_array = pa.array(errors, pa.string())
         good = pc.is_null(error_array)
         data = raw.column("data") if self.decode.keep_raw else pc.if_else(
             good, pa.nulls(raw.num_rows, pa.binary()), raw.column("data"))
@@ -182,7 +193,10 @@ def _convert(value: Any, dt: DataType) -> Any:
     if isinstance(dt, (T.FloatType, T.DoubleType)):
         if not isinstance(value, (int, float)):
             raise _Mismatch
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an integer literal beyond the doubles: as Spark, +-Infinity
+            return math.inf if value > 0 else -math.inf
     if isinstance(dt, T.DecimalType):
         if not isinstance(value, (int, float)):
             raise _Mismatch

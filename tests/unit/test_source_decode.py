@@ -73,3 +73,17 @@ def test_pretty_printed_multi_line_json_and_big_numbers_in_range_decode(schema):
     assert row["id"] == 2**63 - 1 and str(row["n"]) == "12345678.99" and row["tags"] == ["a", "b"]
     too_big = b'{"id": 9223372036854775808}'  # one past BIGINT
     assert decode_json(too_big, True, schema, DECODE)[1].startswith("JSON does not match")
+
+
+def test_a_double_given_an_integer_beyond_the_doubles_is_infinite_as_in_spark():
+    """Found by tests/unit/test_json_batch.py's fuzz: ``float()`` of such an integer raised
+    OverflowError and crashed the task. Spark's from_json gives +-Infinity (measured, Spark
+    4.2: ``{"d": 2**1024}`` as ``d DOUBLE``), as it does for ``1e400``."""
+    from pyspark.sql.types import DoubleType, StructType
+
+    schema = StructType().add("d", DoubleType())
+    decode = DecodeConfig(format="json", schema="d DOUBLE")
+    for text, value in ((str(2 ** 1024), float("inf")), (str(-2 ** 1024), float("-inf")),
+                        ("1e400", float("inf"))):
+        assert decode_json(b'{"d": %s}' % text.encode(), True, schema, decode) == (
+            {"d": value}, None)

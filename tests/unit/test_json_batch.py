@@ -1,0 +1,285 @@
+"""pyarrow's batch JSON decode (js_etl/spark/json_batch.py) against the per-payload decoder
+(js_etl/spark/source_decode.py): what pyarrow does that makes the screens necessary, hostile
+batches kept away from it, and a differential fuzz — whenever the batch path answers, every
+row must be exactly what the per-payload decoder makes of that payload. Pure: no JVM."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import struct as binary
+
+import pyarrow as pa
+import pyarrow.json as pj
+import pytest
+
+from js_etl.config.model import DecodeConfig
+from js_etl.spark.json_batch import MAX_BRACKETS, decode_json_batch, supported
+from js_etl.spark.source_decode import decode_json
+
+DDL = "id BIGINT, n INT, s SMALLINT, t TINYINT, d DOUBLE, kind STRING, ok BOOLEAN"
+FIELDS = ("id", "n", "s", "t", "d", "kind", "ok")
+
+
+@pytest.fixture(scope="module")
+def spark_schema():
+    from pyspark.sql import types as T
+
+    return (T.StructType().add("id", T.LongType()).add("n", T.IntegerType())
+            .add("s", T.ShortType()).add("t", T.ByteType()).add("d", T.DoubleType())
+            .add("kind", T.StringType()).add("ok", T.BooleanType()))
+
+
+@pytest.fixture(scope="module")
+def arrow_type(spark_schema):
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    return to_arrow_type(spark_schema, timezone="UTC")
+
+
+def batch(*payloads: bytes) -> tuple[pa.Array, pa.Array]:
+    def utf8(p: bytes) -> bool:
+        try:
+            p.decode("utf-8")
+            return True
+        except UnicodeDecodeError:
+            return False
+
+    return pa.array(payloads, pa.binary()), pa.array([utf8(p) for p in payloads], pa.bool_())
+
+
+def fast(arrow_type, *payloads: bytes, keep_raw: bool = False) -> list[dict] | None:
+    result = decode_json_batch(*batch(*payloads), arrow_type, keep_raw=keep_raw)
+    return None if result is None else result.to_pylist()
+
+
+# --- why the screens exist: pyarrow's own behaviour, pinned ------------------------------------
+def read(*lines: bytes) -> list[dict]:
+    schema = pa.schema([("id", pa.int64()), ("d", pa.float64())])
+    return pj.read_json(pa.BufferReader(b"\n".join(lines)), parse_options=pj.ParseOptions(
+        explicit_schema=schema, unexpected_field_behavior="ignore")).to_pylist()
+
+
+def test_pyarrow_reads_documents_across_lines_and_accepts_nan():
+    """If any of these stops holding, the screens may be relaxed; none may be dropped while it
+    holds. Two malformed payloads merge into one row, one payload with two objects splits in
+    two: 3 payloads, 3 rows, and the rows belong to the wrong messages."""
+    assert read(b'{"id":1,"x":', b'{"y":1}}', b'{"id":2}{"id":3}') == [
+        {"id": 1, "d": None}, {"id": 2, "d": None}, {"id": 3, "d": None}]
+    assert read(b'{"d":NaN}', b'{"d":Inf}', b'{"d":-Infinity}')[1:] == [
+        {"id": None, "d": math.inf}, {"id": None, "d": -math.inf}]
+
+
+# --- hostile batches never reach pyarrow, and mixed batches fall back whole --------------------
+HOSTILE = [
+    b"null", b"true", b"12", b'"x"', b"[1]", b"[]", b"", b"   ", b"\xff\xfe{}",
+    b'{"id":1}\n', b'{\n"id": 1\n}', b'{"id":1}\r', b' {"id":1}', b'{"id":1} ',
+    b'{"id":1,"x":', b'{"y":1}}', b'{"id":2}{"id":3}', b'{"id":1} x',
+    b'{"d":NaN}', b'{"d":Inf}', b'{"d":-Infinity}', b'{"kind":"NaN"}', b'{"d":-0}',
+    b'{"o":' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+    b'{"o":' + b"[" * MAX_BRACKETS + b"]" * MAX_BRACKETS + b"}",
+    b'{"id":' + b"9" * 10_000 + b"}", b'{"d":1e400}', b'{"id":9223372036854775808}',
+    b'{"id":1.0}', b'{"id":1e2}', b'{"n":2147483648}', b'{"t":128}',
+    b'{"kind":1}', b'{"kind":{"a":1}}', b'{"ok":"true"}', b'{"ok":1}',
+    b'{"id":1,"id":2}', b'{"kind":"\\ud800"}', b'{"kind":"a\x01b"}',
+    b"{'id':1}", b'{"id":1,}', b'{"id":1/*c*/}', b"{}", b'{"other":1}', b'{"ID":5}',
+    b'{"id":null}',
+]
+
+
+@pytest.mark.parametrize("payload", HOSTILE)
+def test_a_batch_with_a_payload_pyarrow_could_misread_falls_back_whole(arrow_type, payload):
+    """Alone or among good payloads, the batch path declines; the per-payload decoder then says
+    what each payload is. (``null`` alone would crash the process if it reached pyarrow.)"""
+    good = b'{"id":7,"kind":"order"}'
+    assert fast(arrow_type, payload) is None
+    assert fast(arrow_type, good, payload, good) is None
+    assert fast(arrow_type, good, good) == [dict.fromkeys(FIELDS) | {"id": 7, "kind": "order"}] * 2
+
+
+@pytest.mark.parametrize("payload", [b'{"id":1}\n', b'{"d":NaN}', b'{"d":-0}', b"null",
+                                     b'{"o":' + b"[" * 300 + b"]" * 300 + b"}"])
+def test_a_slice_of_a_larger_array_is_screened_over_its_own_payloads(arrow_type, payload):
+    """Fetched batches can be slices: the screens must read exactly the slice's bytes."""
+    good = b'{"id":7}'
+    data, utf8 = batch(good, payload, good, good)
+    for start, length in ((1, 2), (0, 2), (1, 1)):
+        assert decode_json_batch(data.slice(start, length), utf8.slice(start, length),
+                                 arrow_type, keep_raw=False) is None, (start, length)
+    rows = decode_json_batch(data.slice(2, 2), utf8.slice(2, 2), arrow_type, keep_raw=False)
+    assert rows is not None and rows.to_pylist() == [dict.fromkeys(FIELDS) | {"id": 7}] * 2
+
+
+def test_the_merge_and_split_that_cancel_out_are_refused(arrow_type):
+    assert fast(arrow_type, b'{"id":1,"x":', b'{"y":1}}', b'{"id":2}{"id":3}') is None
+
+
+def test_keep_raw_keeps_rows_without_schema_fields_like_the_decoder(arrow_type, spark_schema):
+    decode = DecodeConfig(format="json", schema=DDL, keep_raw=True)
+    payloads = (b"{}", b'{"other":1}', b'{"id":null}', b'{"id":3}')
+    rows = fast(arrow_type, *payloads, keep_raw=True)
+    assert rows == [decode_json(p, True, spark_schema, decode)[0] for p in payloads]
+
+
+def test_only_flat_schemas_of_the_tested_types_are_supported():
+    assert supported(pa.struct([("a", pa.int64()), ("b", pa.string())]))
+    for kind in (pa.float32(), pa.timestamp("us", tz="UTC"), pa.date32(), pa.decimal128(10, 2),
+                 pa.list_(pa.string()), pa.struct([("x", pa.int64())]), pa.binary()):
+        assert not supported(pa.struct([("a", pa.int64()), ("b", kind)])), kind
+    assert not supported(pa.struct([]))
+
+
+# --- differential fuzz ------------------------------------------------------------------------
+LIMITS = {"id": 63, "n": 31, "s": 15, "t": 7}
+
+
+def _integer(rng: random.Random, bits: int, hostile: bool) -> str:
+    edge = 2 ** bits
+    values = [0, 1, -1, edge - 1, -edge, rng.randrange(-edge, edge)]
+    return str(rng.choice(values + [edge, -edge - 1, rng.randrange(-2 ** 70, 2 ** 70)] * hostile))
+
+
+def _double(rng: random.Random, hostile: bool = True) -> str:
+    choice = rng.random() if hostile else rng.random() * 0.8
+    if choice < 0.4:  # any finite double, as Python writes it (shortest round-trip)
+        while True:
+            value = binary.unpack("<d", rng.getrandbits(64).to_bytes(8, "little"))[0]
+            if math.isfinite(value):
+                return repr(value)
+    if choice < 0.6:  # long decimal strings: correct rounding matters
+        digits = "".join(rng.choice("0123456789") for _ in range(rng.randint(1, 30)))
+        return (f"{rng.choice(['', '-'])}{digits.lstrip('0') or '0'}."
+                f"{''.join(rng.choice('0123456789') for _ in range(rng.randint(1, 25)))}"
+                f"e{rng.randint(-330, 310)}")
+    if choice < 0.8:  # integers, some beyond 2**53 and beyond int64
+        return str(rng.randrange(-2 ** 80, 2 ** 80))
+    return rng.choice(["0", "-0", "-0.0", "-0e1", "1E5", "1e+5", "1e-400", "5e-324", "0.1",
+                       "2.2250738585072011e-308", "1.7976931348623157e308", "1e400", "1.",
+                       "1.7976931348623158e308", "1.7976931348623159e308",
+                       str(2 ** 1024 - 2 ** 970), str(2 ** 1024 - 2 ** 970 - 1), ".5", "+1",
+                       "01", "1e", "-", "0x10"])
+
+
+def _string(rng: random.Random, hostile: bool = True) -> str:
+    alphabet = ['a', 'Z', ' ', '"', '\\', '/', '\b', '\f', '\n', '\r', '\t', '\x00', '\x1f',
+                'é', '€', '😀', '\u2028', '{', '}', '[', ']', ':', ',', 'n', 'f']
+    alphabet += ['I', 'N'] * hostile  # "Inf" and "NaN" inside a string: screened out
+    text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12)))
+    return json.dumps(text, ensure_ascii=rng.random() < 0.5)
+
+
+def _value(rng: random.Random, field: str, hostile: bool) -> str:
+    if rng.random() < 0.08:
+        return "null"
+    if hostile and rng.random() < 0.05:  # a value of the wrong JSON type
+        return rng.choice(['"x"', "1", "true", "[1]", '{"a":1}', "1.5"])
+    if field in LIMITS:
+        return (_integer(rng, LIMITS[field], hostile) if not hostile or rng.random() < 0.9
+                else _double(rng))
+    if field == "d":
+        return _double(rng, hostile)
+    if field == "kind":
+        return _string(rng, hostile)
+    return rng.choice(["true", "false"])
+
+
+def _unknown(rng: random.Random, hostile: bool, depth: int = 0) -> str:
+    choice = rng.random()
+    if depth > 3 or choice < 0.4:
+        return rng.choice(["1", "-2.5e3", '"u"', "null", "false", _string(rng, hostile),
+                           _double(rng, hostile)])
+    if choice < 0.7:
+        return "[" + ",".join(_unknown(rng, hostile, depth + 1)
+                              for _ in range(rng.randint(0, 3))) + "]"
+    return "{" + ",".join(f'"k{i}":{_unknown(rng, hostile, depth + 1)}'
+                          for i in range(rng.randint(0, 3))) + "}"
+
+
+def _payload(rng: random.Random, hostile: bool) -> bytes:
+    """A JSON object of schema fields and unknown ones, written in many ways; ``hostile`` adds
+    values of the wrong type or range, literals that are not JSON, duplicate keys and damage."""
+    members = [(f, _value(rng, f, hostile)) for f in FIELDS if rng.random() < 0.7]
+    members += [(f"x{i}", _unknown(rng, hostile)) for i in range(rng.randint(0, 2))]
+    if hostile and rng.random() < 0.1 and members:
+        members.append(members[0])  # a duplicate key
+    rng.shuffle(members)
+
+    def key(name: str) -> str:  # some keys written with escapes: "\u0069\u0064" is "id"
+        return (json.dumps(name) if rng.random() < 0.9 else
+                '"' + "".join(f"\\u{ord(c):04x}" for c in name) + '"')
+
+    def space() -> str:
+        return rng.choice(["", "", " ", "\t", "  "])
+
+    text = "{" + space() + ("," + space()).join(f"{key(k)}{space()}:{space()}{v}"
+                                               for k, v in members) + space() + "}"
+    data = text.encode()
+    if hostile and rng.random() < 0.3:  # damage: cut, insert or drop a byte
+        i = rng.randrange(len(data))
+        data = rng.choice([data[:i], data[:i] + bytes([rng.choice(b'{}[]:,"\\\n x9')])
+                           + data[i:], data[:i] + data[i + 1:]])
+    return data
+
+
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return binary.pack("<d", a) == binary.pack("<d", b)  # -0.0 is not 0.0
+    return a == b and type(a) is type(b)
+
+
+@pytest.mark.parametrize("keep_raw", [False, True])
+def test_whenever_the_batch_path_answers_it_answers_what_the_decoder_does(
+        arrow_type, spark_schema, keep_raw):
+    rng = random.Random(20261124 + keep_raw)
+    decode = DecodeConfig(format="json", schema=DDL, keep_raw=keep_raw)
+    answered = declined = rows = 0
+    for _ in range(1_500):
+        hostile = rng.random() < 0.4
+        payloads = [_payload(rng, hostile) for _ in range(rng.choice([1, 1, 2, 5, 20]))]
+        result = fast(arrow_type, *payloads, keep_raw=keep_raw)
+        if result is None:
+            declined += 1
+            continue
+        answered += 1
+        for payload, got in zip(payloads, result, strict=True):
+            want, error = decode_json(payload, True, spark_schema, decode)
+            assert error is None, (payload, error)
+            assert want is not None and all(_same(want[f], got[f]) for f in FIELDS), (
+                payload, want, got)
+            rows += 1
+    # Not vacuous: both paths taken, many rows compared.
+    assert answered > 500 and declined > 300 and rows > 3_000, (answered, declined, rows)
+
+
+# --- the data source's decoder: the same record batch whichever path decodes it -------------
+def test_the_data_sources_batches_are_the_same_whichever_path_decodes_them(
+        spark_schema, monkeypatch):
+    from js_etl.spark import source_decode
+    from js_etl.spark.fetch import ARROW_SCHEMA
+
+    payloads = [b'{"id":%d,"kind":"k\\u00e9%d","d":%d.5,"ok":true,"x":{"y":[1]}}' % (i, i, i)
+                for i in range(50)]
+    data, utf8 = batch(*payloads)
+    n = len(payloads)
+    raw = pa.RecordBatch.from_arrays(
+        [pa.array(["s"] * n), pa.array(["S"] * n), pa.array(range(1, n + 1), pa.int64()),
+         pa.array(range(1, n + 1), pa.int64()), pa.array([1] * n, pa.int64()),
+         pa.array([0] * n, pa.timestamp("us", tz="UTC")),
+         pa.nulls(n, ARROW_SCHEMA.field("headers").type), data, utf8], schema=ARROW_SCHEMA)
+    taken = []
+
+    def spy(*args, **kw):
+        taken.append(decode_json_batch(*args, **kw))
+        return taken[-1]
+
+    for keep_raw in (False, True):
+        decoder = source_decode.BatchDecoder.of(
+            DecodeConfig(format="json", schema=DDL, keep_raw=keep_raw), spark_schema.json())
+        monkeypatch.setattr(source_decode, "decode_json_batch", spy)
+        columnar = decoder(raw)
+        monkeypatch.setattr(source_decode, "decode_json_batch", lambda *a, **k: None)
+        per_payload = decoder(raw)
+        assert taken[-1] is not None  # the batch path did decode it
+        assert columnar.equals(per_payload), (columnar.to_pylist()[:2], per_payload.to_pylist()[:2])
+        assert columnar.column("error").null_count == n
