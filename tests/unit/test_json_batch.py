@@ -234,7 +234,7 @@ def test_whenever_the_batch_path_answers_it_answers_what_the_decoder_does(
     rng = random.Random(20261124 + keep_raw)
     decode = DecodeConfig(format="json", schema=DDL, keep_raw=keep_raw)
     answered = declined = rows = 0
-    for _ in range(1_500):
+    for _ in range(800):
         hostile = rng.random() < 0.4
         payloads = [_payload(rng, hostile) for _ in range(rng.choice([1, 1, 2, 5, 20]))]
         result = fast(arrow_type, *payloads, keep_raw=keep_raw)
@@ -249,7 +249,7 @@ def test_whenever_the_batch_path_answers_it_answers_what_the_decoder_does(
                 payload, want, got)
             rows += 1
     # Not vacuous: both paths taken, many rows compared.
-    assert answered > 500 and declined > 300 and rows > 3_000, (answered, declined, rows)
+    assert answered > 300 and declined > 200 and rows > 1_500, (answered, declined, rows)
 
 
 # --- the data source's decoder: the same record batch whichever path decodes it -------------
