@@ -80,8 +80,8 @@ class BatchDecoder:
     def _json(self, raw: pa.RecordBatch, origin: list[pa.Array], names: list[str]
               ) -> pa.RecordBatch:
         fields = self.spark_type.fieldNames()
-        struct = (decode_json_batch(raw.column("data"), raw.column("data_is_utf8"),
-                                    self.arrow_type, keep_raw=self.decode.keep_raw)
+        struct = (decode_json_batch(raw.column("data"), self.arrow_type,
+                                    keep_raw=self.decode.keep_raw)
                   if self.decode.unknown_fields == "ignore" else None)
         if struct is not None:  # one pyarrow parse, proven to give what decode_json gives
             error_array = pa.nulls(raw.num_rows, pa.string())
@@ -177,8 +177,15 @@ def _convert(value: Any, dt: DataType) -> Any:
             raise _Mismatch
         return [(k, _convert(v, dt.valueType)) for k, v in value.items()]
     if isinstance(dt, T.StringType):
-        # Like Spark's from_json: a non-string value becomes its JSON text.
-        return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+        # Like Spark's from_json: a non-string value becomes its JSON text. An integer longer
+        # than int() converts is a Decimal here (_parse_int), which json.dumps cannot write: a
+        # mismatch, not a crashed task (found by a break-it review of json_batch).
+        if isinstance(value, str):
+            return value
+        try:
+            return json.dumps(value, separators=(",", ":"))
+        except (TypeError, ValueError):
+            raise _Mismatch from None
     if isinstance(dt, T.BooleanType):
         if not isinstance(value, bool):
             raise _Mismatch
@@ -191,10 +198,10 @@ def _convert(value: Any, dt: DataType) -> Any:
             raise _Mismatch
         return value
     if isinstance(dt, (T.FloatType, T.DoubleType)):
-        if not isinstance(value, (int, float)):
+        if not isinstance(value, (int, float, Decimal)):  # Decimal: an integer of > 4,000 digits
             raise _Mismatch
         try:
-            return float(value)
+            return float(value)  # a Decimal beyond the doubles is +-inf already
         except OverflowError:  # an integer literal beyond the doubles: as Spark, +-Infinity
             return math.inf if value > 0 else -math.inf
     if isinstance(dt, T.DecimalType):

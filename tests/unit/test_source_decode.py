@@ -51,6 +51,7 @@ def test_json_values_take_the_schema_types_or_say_why_not():
     (b"[" * 100_000 + b"]" * 100_000, TOO_DEEP),  # a JSON array nested 100,000 deep
     (b'{"tags": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", TOO_DEEP),
     (b'{"id": ' + b"9" * 10_000 + b"}", "JSON does not match decode.schema"),  # > int() limit
+    (b'{"tags": [' + b"9" * 10_000 + b"]}", "JSON does not match decode.schema"),  # as a STRING
     (b'{"id": 1}{"id": 2}', "data after the JSON value"),
     (b'{"id": 1} x', "data after the JSON value"),
     (b"\xff\xfe", "payload is not valid UTF-8"),
