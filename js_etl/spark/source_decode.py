@@ -5,8 +5,10 @@ A Python data source returns Arrow batches from its tasks: it cannot hand rows t
 with the same rules and the same dead-letter reasons: a json payload is good only if it is
 exactly one JSON object matching the schema; anything else keeps its raw bytes in ``data`` and
 says why in ``error``. Hostile payloads are reasons, never a crashed task: nesting deeper than
-Python's parser recurses (``RecursionError``) and integers longer than ``int()`` converts
-(Python 3.11's 4,300-digit limit) are caught (tests/unit/test_source_decode.py).
+Python's parser recurses (``RecursionError``) is caught, and an integer literal of more than
+1,000 digits is malformed JSON, as the drain calls it: Spark's parser refuses such a number
+(measured on Spark 4.2: 1,000 digits parse, 1,001 make a corrupt record), and Python's ``int()``
+would refuse it past 4,300 (tests/unit/test_source_decode.py).
 
 A batch whose payloads are provably decoded the same way by one pyarrow parse goes that way
 instead (:mod:`js_etl.spark.json_batch`); any other batch is decoded payload by payload here.
@@ -35,7 +37,7 @@ if TYPE_CHECKING:
 from js_etl.config.model import DecodeConfig
 
 TOO_DEEP = "JSON nested too deeply to decode"
-_MAX_INT_DIGITS = 4000  # below sys.get_int_max_str_digits()'s default of 4300
+_MAX_INT_DIGITS = 1000  # Spark's JSON parser (Jackson's maxNumberLength) refuses longer ones
 
 
 @dataclass(frozen=True)
@@ -111,10 +113,12 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def _parse_int(digits: str) -> int | Decimal:
-    """An integer too long for ``int()`` stays a Decimal: no Spark integer type holds it, so
-    it is a schema mismatch (a reason), not a ValueError that would read as malformed JSON."""
-    return int(digits) if len(digits) <= _MAX_INT_DIGITS else Decimal(digits)
+def _parse_int(digits: str) -> int:
+    """An integer literal; more than 1,000 digits is malformed JSON (module docstring): the
+    ValueError reaches :func:`decode_json`'s handler."""
+    if len(digits) - digits.startswith("-") > _MAX_INT_DIGITS:
+        raise ValueError(f"an integer literal of more than {_MAX_INT_DIGITS:,} digits")
+    return int(digits)
 
 
 def decode_json(payload: bytes, is_utf8: bool, schema: StructType, decode: DecodeConfig
@@ -177,15 +181,8 @@ def _convert(value: Any, dt: DataType) -> Any:
             raise _Mismatch
         return [(k, _convert(v, dt.valueType)) for k, v in value.items()]
     if isinstance(dt, T.StringType):
-        # Like Spark's from_json: a non-string value becomes its JSON text. An integer longer
-        # than int() converts is a Decimal here (_parse_int), which json.dumps cannot write: a
-        # mismatch, not a crashed task (found by a break-it review of json_batch).
-        if isinstance(value, str):
-            return value
-        try:
-            return json.dumps(value, separators=(",", ":"))
-        except (TypeError, ValueError):
-            raise _Mismatch from None
+        # Like Spark's from_json: a non-string value becomes its JSON text.
+        return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
     if isinstance(dt, T.BooleanType):
         if not isinstance(value, bool):
             raise _Mismatch
@@ -198,10 +195,10 @@ def _convert(value: Any, dt: DataType) -> Any:
             raise _Mismatch
         return value
     if isinstance(dt, (T.FloatType, T.DoubleType)):
-        if not isinstance(value, (int, float, Decimal)):  # Decimal: an integer of > 4,000 digits
+        if not isinstance(value, (int, float)):
             raise _Mismatch
         try:
-            return float(value)  # a Decimal beyond the doubles is +-inf already
+            return float(value)
         except OverflowError:  # an integer literal beyond the doubles: as Spark, +-Infinity
             return math.inf if value > 0 else -math.inf
     if isinstance(dt, T.DecimalType):
