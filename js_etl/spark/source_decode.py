@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 from js_etl.errors import JsEtlError
 from js_etl.instant import parse_instant
 from js_etl.spark import decode as reasons
-from js_etl.spark.json_batch import decode_json_batch
+from js_etl.spark.json_batch import MAX_INTEGER_DIGITS, decode_json_batch
 
 if TYPE_CHECKING:
     from pyspark.sql.types import DataType, StructType
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 from js_etl.config.model import DecodeConfig
 
 TOO_DEEP = "JSON nested too deeply to decode"
-_MAX_INT_DIGITS = 1000  # Spark's JSON parser (Jackson's maxNumberLength) refuses longer ones
 
 
 @dataclass(frozen=True)
@@ -116,8 +115,8 @@ def _reject_constant(name: str) -> Any:
 def _parse_int(digits: str) -> int:
     """An integer literal; more than 1,000 digits is malformed JSON (module docstring): the
     ValueError reaches :func:`decode_json`'s handler."""
-    if len(digits) - digits.startswith("-") > _MAX_INT_DIGITS:
-        raise ValueError(f"an integer literal of more than {_MAX_INT_DIGITS:,} digits")
+    if len(digits) - digits.startswith("-") > MAX_INTEGER_DIGITS:
+        raise ValueError(f"an integer literal of more than {MAX_INTEGER_DIGITS:,} digits")
     return int(digits)
 
 
