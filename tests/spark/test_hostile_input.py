@@ -58,6 +58,10 @@ PAYLOADS: dict[bytes, str | None] = {
     b'{"id": 16': "malformed JSON",
     b"{'id': 17}": "malformed JSON",  # single quotes: Spark's parser takes them by default
     b'{"id": NaN}': "malformed JSON",
+    # Spark's parser refuses an integer literal of over 1,000 digits, even in a field the schema
+    # does not name (the data source's decoder applies the same limit: source_decode.py).
+    b'{"id": 19, "x": ' + b"9" * 1_001 + b"}": "malformed JSON",
+    b'{"id": 20, "x": ' + b"9" * 1_000 + b"}": None,
     b'{"id": "x"}': f"JSON does not match decode.schema ({SCHEMA})",
     b'{"foo": 1}': ("JSON object has none of decode.schema's fields (it has: foo); fix "
                     "decode.schema, or set decode.keep_raw to keep such payloads in the row"),
@@ -106,7 +110,7 @@ def test_decoder_rows_hold_exactly_the_good_payloads(spark):
     rows = decoder.rows(flagged).orderBy("seq").collect()
     dead = decoder.dead_letters(flagged).collect()
 
-    assert [r.id for r in rows] == [1, 2, 3, None, None]
+    assert [r.id for r in rows] == [1, 2, 3, None, None, 20]
     assert len(rows) + len(dead) == len(PAYLOADS)  # every payload lands exactly once
 
 
@@ -210,7 +214,7 @@ def test_drain_lands_each_payload_once_as_a_row_or_a_dead_letter(spark, js, name
     good = [i + 1 for i, p in enumerate(payloads) if PAYLOADS[p] is None]
     table = spark.read.format("delta").load(str(tmp_path / "table"))
     assert sorted(r.seq for r in table.select("seq").collect()) == good
-    assert sorted(r.id for r in table.select("id").collect() if r.id is not None) == [1, 2, 3]
+    assert sorted(r.id for r in table.select("id").collect() if r.id is not None) == [1, 2, 3, 20]
     dead = spark.read.format("delta").load(str(tmp_path / "table_dead_letters")).collect()
     assert {r.seq: (bytes(r.data), r.error) for r in dead} == {
         i + 1: (p, PAYLOADS[p]) for i, p in enumerate(payloads) if PAYLOADS[p] is not None}
