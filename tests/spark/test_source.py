@@ -46,6 +46,19 @@ def as_utc(value: datetime) -> datetime:
     return value.replace(tzinfo=UTC)  # collect() gives naive datetimes in TZ=UTC (conftest)
 
 
+def to_micros(server_time: str) -> str:
+    """The server's UTC time (Go's RFC3339Nano: trailing zeros of the fraction, or the whole
+    fraction, dropped) as ``YYYY-MM-DDTHH:MM:SS.ffffff``, the row's precision."""
+    seconds, _, fraction = server_time.removesuffix("Z").partition(".")
+    return f"{seconds}.{fraction[:6].ljust(6, '0')}"
+
+
+def test_to_micros_pads_what_the_server_trims():
+    assert to_micros("2026-11-25T00:12:53.44872Z") == "2026-11-25T00:12:53.448720"
+    assert to_micros("2026-11-25T00:12:53Z") == "2026-11-25T00:12:53.000000"
+    assert to_micros("2026-11-25T00:12:53.123456789Z") == "2026-11-25T00:12:53.123456"
+
+
 def test_rows_of_a_range_equal_what_was_published(source, js, names, nats_server):
     add_stream(js, names)
     messages: list[Any] = []
@@ -66,8 +79,8 @@ def test_rows_of_a_range_equal_what_was_published(source, js, names, nats_server
         assert r.subject == truth["subject"] and r.stream == names.stream
         assert r.data == base64.b64decode(truth["data"])
         assert r.error is None and r.num_delivered == 1 and r.consumer_seq is None
-        server_time = truth["time"]  # RFC 3339 with nanoseconds; the row keeps microseconds
-        assert as_utc(r.published_at).strftime("%Y-%m-%dT%H:%M:%S.%f") == server_time[:26]
+        published = as_utc(r.published_at).strftime("%Y-%m-%dT%H:%M:%S.%f")
+        assert published == to_micros(truth["time"])  # the row keeps microseconds
         if "hdrs" in truth:
             assert r.headers == parse_headers(base64.b64decode(truth["hdrs"]))
             assert r.headers == {"Tag": ["one", "two"], "Trace": [f"t-{r.seq}"]}
@@ -128,14 +141,14 @@ def test_published_at_predicate_is_pushed_to_the_server(source, js, names, monit
         add_stream(mjs, names)
         publish_and_wait(mjs, names, [(f"{names.prefix}.old", b"o%d" % i) for i in range(900)])
         publish_and_wait(mjs, names, [(f"{names.prefix}.new", b"n%d" % i) for i in range(100)])
-        start = stored(mjs, names.stream, 901)["time"]
+        start = to_micros(stored(mjs, names.stream, 901)["time"])
     everything = reader(source, server.url, names.stream, name=f"{names.prefix}-all").load()
     expected = sorted(r.seq for r in everything.collect()
-                      if as_utc(r.published_at).isoformat()[:26] >= start[:26])
+                      if as_utc(r.published_at).strftime("%Y-%m-%dT%H:%M:%S.%f") >= start)
     assert delivered(f"{names.prefix}-all") >= 1000
 
     df = (reader(source, server.url, names.stream, name=f"{names.prefix}-pushed").load()
-          .where(f"published_at >= '{start[:26]}'"))
+          .where(f"published_at >= '{start}'"))
     plan = df._jdf.queryExecution().executedPlan().toString()
     seqs = sorted(r.seq for r in df.collect())
 
