@@ -23,11 +23,11 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(BIN)/js-etl demo
 
-# TEST_WORKERS pytest-xdist workers: each its own nats-server and SparkSession; tests/conftest.py
-# keeps the Airflow tests and the Spark-cluster test on one worker each.
+# TEST_WORKERS pytest-xdist workers, each its own nats-server and SparkSession; an idle worker
+# takes tests the other has not started (tests/conftest.py puts the longest files first).
 TEST_WORKERS ?= 2
 test: setup lint
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not bench_cluster"
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not bench_cluster"
 
 # Pure-logic tests only (tests/unit: no nats-server, no JVM): seconds, for quick feedback.
 test-unit: setup

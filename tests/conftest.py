@@ -24,21 +24,30 @@ pytest_plugins = ["streams"]
 
 _counter = itertools.count(1)
 
-# `make test` runs the suite on two pytest-xdist workers (--dist loadgroup): each worker is its
-# own process with its own nats-server, SparkSession and Airflow home, and takes single tests
-# as it frees up. Tests that share something expensive or global stay on one worker together.
-# (a 3-node nats-server cluster starts in ~2 s: each worker may have its own.)
-_ONE_WORKER = {"airflow": "one Airflow metadata database, migrated once",
-               "cluster/test_spark_cluster.py": "the Spark standalone cluster and its executors"}
+# `make test` runs the suite on two pytest-xdist workers (--dist worksteal): each worker is its
+# own process with its own nats-server, SparkSession, Airflow home and (when a test there needs
+# them) 3-node nats-server and Spark standalone clusters. A worker that runs out of tests takes
+# half of what the other has not started. The files whose tests take longest are put first, so
+# the tests left at the end are short and both workers finish together: in a clean-clone run of
+# 2026-11-25 (--dist loadgroup, collection order) one worker ran test_cli.py's two spark-submit
+# tests (59 s) at the end while the other sat idle: 813 s for 1,553 s of tests. The list is
+# by each file's summed durations in that run, longest first (the Spark-cluster test is one
+# test of 209 s).
+_LONG_FIRST = ("cluster/test_spark_cluster.py", "spark/test_faults.py",
+               "airflow/test_airflow_operator.py", "spark/test_exactly_once.py",
+               "spark/test_backfill.py", "test_cli.py", "spark/test_fault_schedules.py",
+               "cluster/test_cluster_drain.py", "spark/test_drain.py", "dev/test_bench.py",
+               "dev/test_wheel.py", "airflow/test_airflow_queues.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     tests = Path(__file__).resolve().parent
-    for item in items:
+
+    def rank(item: pytest.Item) -> int:
         path = Path(item.path).resolve().relative_to(tests).as_posix()
-        group = next((g for g in _ONE_WORKER if path == g or path.startswith(g + "/")), None)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+        return _LONG_FIRST.index(path) if path in _LONG_FIRST else len(_LONG_FIRST)
+
+    items.sort(key=rank)  # stable: each file's tests stay together, in their order
 
 
 @pytest.fixture(scope="session")
