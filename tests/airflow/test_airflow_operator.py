@@ -119,9 +119,13 @@ def test_backfill_runs_its_own_script_with_the_range_flags_last(tmp_path, names)
 @pytest.mark.parametrize("master", ["local[2]", "yarn"])
 def test_secrets_reach_spark_submit_by_environment_never_on_the_command_line(token_server,
                                                                             tmp_path, names,
-                                                                            master):
+                                                                            master,
+                                                                            monkeypatch):
     from js_etl.airflow import JetStreamHook, JetStreamToDeltaOperator
 
+    # An Airflow worker's environment, not this worker's: a SparkSession made earlier in this
+    # process (js_etl.spark.session) sets PYSPARK_PYTHON, which the operator would leave alone.
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
     config = write_config(tmp_path, names, tmp_path / "table")
     op = JetStreamToDeltaOperator(task_id="t", config_path=config, nats_conn_id="nats_test",
                                   master=master, env_vars={"EXTRA": "1"}, jars=["/a.jar"])
