@@ -15,6 +15,14 @@ from pathlib import Path
 import pytest
 
 os.environ["TZ"] = "UTC"  # collect() returns naive datetimes in the process's local zone
+# The JVMs the tests start (this process's SparkSession and every spark-submit and `js-etl drain`
+# child: all inherit this) compile with C1 only and collect with the serial GC. They live seconds
+# to minutes on a 2-core box, where C2's compiler threads cost more CPU than they save: one
+# `js-etl drain` of 300 JSON messages took 38-43 CPU-s of the box with the defaults, 23-27 with
+# these (busy CPU of the whole, otherwise quiet, box around the child: psutil.cpu_times; three
+# runs each). Only speed changes, not what the JVM computes.
+# The Spark-cluster test's executors keep the defaults: they get the README's command unchanged.
+os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 
 from js_etl.dev.server import LocalNatsServer
 from js_etl.jetstream import ConnectionOptions, JetStreamSession
