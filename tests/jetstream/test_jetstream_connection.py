@@ -250,9 +250,14 @@ def test_a_session_the_server_closed_as_stale_answers_its_next_request(tmp_path)
                     return [c for c in json.load(answer).get("connections") or []
                             if c.get("name") == "idle" and "Stale" in c.get("reason", "")]
 
-            wait_until(closed_as_stale, bool, timeout=60)  # the server dropped us; we idle
-            assert js.conn.reconnects == 0
-            assert js.stream_info("STALE").name == "STALE"  # answered, once resent
-            assert js.conn.reconnects == 1
+            # We idle until every connection the session has had (reconnects + 1) is closed
+            # as stale, the current one included.
+            wait_until(lambda: len(closed_as_stale()) > js.conn.reconnects, bool, timeout=60)
+            dropped = js.conn.reconnects
+            assert js.stream_info("STALE").name == "STALE"  # answered, once resent ...
+            # ... over a new connection. (More than one new one on a loaded box: with 200 ms
+            # pings a connection can be closed as stale again before the answer comes; seen with
+            # two copies of the suite side by side.)
+            assert js.conn.reconnects > dropped
     finally:
         server.stop()
