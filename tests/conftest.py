@@ -36,11 +36,11 @@ _counter = itertools.count(1)
 # own process with its own nats-server, SparkSession, Airflow home and (when a test there needs
 # them) 3-node nats-server and Spark standalone clusters. A worker that runs out of tests takes
 # half of what the other has not started. The files whose tests take longest are put first, so
-# the tests left at the end are short and both workers finish together: in a clean-clone run of
-# 2026-11-25 (--dist loadgroup, collection order) one worker ran test_cli.py's two spark-submit
-# tests (59 s) at the end while the other sat idle: 813 s for 1,553 s of tests. The list is
-# by each file's summed durations in that run, longest first (the Spark-cluster test is one
-# test of 209 s).
+# no long test is left to start last: in a clean-clone run of 2026-11-25 (--dist loadgroup,
+# collection order) one worker ran test_cli.py's two spark-submit tests (59 s) at the end while
+# the other sat idle, its tests summing to 747 s against 806 s; with this order the two workers'
+# sums differed by 6 s (657 and 663). The list is by each file's summed durations in the first
+# run, longest first (the Spark-cluster test is one test of 209 s).
 _LONG_FIRST = ("cluster/test_spark_cluster.py", "spark/test_faults.py",
                "airflow/test_airflow_operator.py", "spark/test_exactly_once.py",
                "spark/test_backfill.py", "test_cli.py", "spark/test_fault_schedules.py",
