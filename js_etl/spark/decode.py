@@ -39,6 +39,10 @@ NOT_JSON = "payload is not JSON"
 WHITESPACE = "payload is only whitespace: no JSON value"
 TRAILING = "data after the JSON value: a payload must be exactly one JSON value"
 ARRAY = "payload is a JSON array: decode.schema describes one JSON object per message"
+# Reasons with a part taken from the payload, where "{}" stands.
+SEVERAL = "payload holds {} JSON values: a payload must be exactly one JSON value"
+NO_FIELD = ("JSON object has none of decode.schema's fields (it has: {}); fix decode.schema, or "
+            "set decode.keep_raw to keep such payloads in the row")
 
 # Spark's JSON parser accepts single-quoted strings and NaN/Infinity unless told not to: a
 # payload is good only if it is JSON.
@@ -157,9 +161,7 @@ class Decoder:
                        F.lit(TRAILING))
                  .when(values.isNull() & first.isin(*_VALUE_STARTS), F.lit(MALFORMED))
                  .when(values.isNull(), F.lit(NOT_JSON))
-                 .when(values > 1, F.concat(F.lit("payload holds "), values.cast("string"),
-                                            F.lit(" JSON values: a payload must be exactly one "
-                                                  "JSON value")))
+                 .when(values > 1, _filled(SEVERAL, values.cast("string")))
                  .when(closes_early, F.lit(TRAILING))
                  .when(first == "[", F.lit(ARRAY))
                  .when(first != "{", F.concat(F.lit("payload is a JSON "), scalar, F.lit(
@@ -181,10 +183,7 @@ class Decoder:
                 all_null = all_null & F.col(f"_json.{name}").isNull()
             error = error.when(
                 all_null & (F.size(keys) > 0) & (F.size(F.array_intersect(keys, names)) == 0),
-                F.concat(F.lit("JSON object has none of decode.schema's fields (it has: "),
-                         F.array_join(F.slice(keys, 1, 10), ", "),
-                         F.lit("); fix decode.schema, or set decode.keep_raw to keep such "
-                               "payloads in the row")))
+                _filled(NO_FIELD, F.array_join(F.slice(keys, 1, 10), ", ")))
         if self.unknown_fields == "dead_letter":
             flagged = flagged.withColumn(_KEYS, F.json_object_keys(text))
             keys = F.col(_KEYS)
@@ -215,6 +214,14 @@ class Decoder:
         from pyspark.sql import functions as F
 
         return flagged.where(F.col("error").isNotNull()).select(*DEAD_LETTER_COLUMNS)
+
+
+def _filled(reason: str, part: Column) -> Column:
+    """``reason`` with ``part`` where its ``{}`` stands, as a column."""
+    from pyspark.sql import functions as F
+
+    before, after = reason.split("{}")
+    return F.concat(F.lit(before), part, F.lit(after))
 
 
 def json_fields(schema_ddl: str) -> list[str]:

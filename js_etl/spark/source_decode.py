@@ -4,11 +4,15 @@ A Python data source returns Arrow batches from its tasks: it cannot hand rows t
 ``from_json`` the way the drain does (:mod:`js_etl.spark.decode`). So the source decodes here,
 with the same rules and the same dead-letter reasons: a json payload is good only if it is
 exactly one JSON object matching the schema; anything else keeps its raw bytes in ``data`` and
-says why in ``error``. Hostile payloads are reasons, never a crashed task: nesting deeper than
-Python's parser recurses (``RecursionError``) is caught, and an integer literal of more than
-1,000 digits is malformed JSON, as the drain calls it: Spark's parser refuses such a number
+says why in ``error``. The drain's columnar writer (:mod:`js_etl.spark.columnar`) decodes with
+it too, so it must give what Spark gives, payload for payload: tests/spark/test_columnar.py
+drains hostile payloads through both and compares the tables. Hostile payloads are reasons,
+never a crashed task, and the reasons are Spark's: nesting deeper than Spark's parser allows
+(1,000 levels) is malformed JSON, whatever the depth Python's own parser could follow; an
+integer literal of more than 1,000 digits is malformed JSON: Spark's parser refuses such a number
 (measured on Spark 4.2: 1,000 digits parse, 1,001 make a corrupt record), and Python's ``int()``
-would refuse it past 4,300 (tests/unit/test_source_decode.py).
+would refuse it past 4,300 (tests/unit/test_source_decode.py); a non-string value in a STRING
+column is written back as Spark's Jackson writes it.
 
 A batch whose payloads are provably decoded the same way by one pyarrow parse goes that way
 instead (:mod:`js_etl.spark.json_batch`); any other batch is decoded payload by payload here.
@@ -18,6 +22,10 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal, InvalidOperation
@@ -36,7 +44,10 @@ if TYPE_CHECKING:
 
 from js_etl.config.model import DecodeConfig
 
-TOO_DEEP = "JSON nested too deeply to decode"
+# Spark's JSON parser (Jackson's StreamReadConstraints) refuses nesting deeper than this; so
+# does this decoder, with the reasons the drain's decoder gives (tests/spark/test_columnar.py).
+MAX_DEPTH = 1000
+_BRACKETS_OUTSIDE_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 
 
 @dataclass(frozen=True)
@@ -59,9 +70,6 @@ class BatchDecoder:
 
     def __call__(self, raw: pa.RecordBatch) -> pa.RecordBatch:
         origin = [raw.column(i) for i in range(7)]
-        # An ephemeral consumer's sequence depends on where a partition starts: null, so the rows
-        # of a range do not depend on how it was split (the drain's rows keep their durable's).
-        origin[3] = pa.nulls(raw.num_rows, pa.int64())
         names = list(raw.schema.names[:7])
         data, utf8 = raw.column("data"), raw.column("data_is_utf8")
         no_error = pa.nulls(raw.num_rows, pa.string())
@@ -132,13 +140,20 @@ def decode_json(payload: bytes, is_utf8: bool, schema: StructType, decode: Decod
     stripped = text.lstrip(" \t\n\r")
     if not stripped:
         return None, reasons.WHITESPACE
+    depth = _depth(payload) if payload.count(b"[") + payload.count(b"{") >= MAX_DEPTH else 0
+    if depth > MAX_DEPTH:
+        return None, (reasons.MALFORMED if stripped[0] in reasons._VALUE_STARTS
+                      else reasons.NOT_JSON)
+    if depth == MAX_DEPTH:
+        # Parsed by Spark, but one level too deep once wrapped in the [ ] of the drain's count
+        # of values: it says "data after the JSON value" (measured), and so does this decoder.
+        return None, reasons.TRAILING
     try:
-        value = json.loads(text, parse_constant=_reject_constant, parse_int=_parse_int)
-    except RecursionError:
-        return None, TOO_DEEP
+        with _recursion_room():
+            value = json.loads(text, parse_constant=_reject_constant, parse_int=_parse_int)
     except ValueError as e:
         if "Extra data" in str(e):
-            return None, reasons.TRAILING
+            return None, _trailing(text)
         return None, (reasons.MALFORMED if stripped[0] in reasons._VALUE_STARTS
                       else reasons.NOT_JSON)
     if isinstance(value, list):
@@ -150,15 +165,78 @@ def decode_json(payload: bytes, is_utf8: bool, schema: StructType, decode: Decod
                       "JSON object per message")
     try:
         row = _convert(value, schema)
-    except RecursionError:
-        return None, TOO_DEEP
     except _Mismatch:
         return None, f"JSON does not match decode.schema ({decode.schema})"
     if not decode.keep_raw and value and not any(k in value for k in schema.fieldNames()):
-        return None, (f"JSON object has none of decode.schema's fields (it has: "
-                      f"{', '.join(list(value)[:10])}); fix the schema, or set keep_raw to "
-                      "keep such payloads in the row")
+        return None, reasons.NO_FIELD.format(", ".join(list(value)[:10]))
     return row, None
+
+
+def _depth(payload: bytes) -> int:
+    """How deep ``[`` and ``{`` nest in ``payload``, outside strings."""
+    depth = deepest = 0
+    for token in _BRACKETS_OUTSIDE_STRINGS.finditer(payload):
+        char = token[0][:1]
+        if char in (b"[", b"{"):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in (b"]", b"}"):
+            depth -= 1
+    return deepest
+
+
+@contextmanager
+def _recursion_room() -> Iterator[None]:
+    """Python's JSON parser recurses once per level: room for MAX_DEPTH levels, wherever on the
+    stack the decoder runs, so the same payload never fails in one task and parses in another."""
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, MAX_DEPTH + 2_000))
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+def _spark_json(value: Any) -> str:
+    """A parsed JSON value written back as Spark writes a non-string value into a STRING column
+    (Jackson: compact, non-ASCII as is, numbers with a fraction or exponent as Java's
+    ``Double.toString``, infinities as strings; measured on Spark 4.2, Java 17)."""
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{_spark_json(k)}:{_spark_json(v)}"
+                              for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(_spark_json(v) for v in value) + "]"
+    if isinstance(value, float):
+        return _java_double(value)
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _java_double(x: float) -> str:
+    """Java's ``Double.toString`` of ``x`` from Python's shortest digits: plain from 10^-3 to
+    10^7, else ``d.dddE<n>``; infinities as JSON strings, as Jackson writes them."""
+    if math.isinf(x):
+        return '"Infinity"' if x > 0 else '"-Infinity"'
+    sign, digits, exponent = Decimal(repr(x)).as_tuple()
+    text = "".join(map(str, digits)).rstrip("0") or "0"
+    assert isinstance(exponent, int)  # finite
+    power = len(digits) + exponent - 1  # x = d.ddd * 10^power
+    minus = "-" if sign else ""
+    if x == 0 or 1e-3 <= abs(x) < 1e7:
+        plain = format(abs(Decimal(repr(x))), "f")
+        whole, _, fraction = plain.partition(".")
+        return f"{minus}{whole}.{fraction.rstrip('0') or '0'}"
+    return f"{minus}{text[0]}.{text[1:] or '0'}E{power}"
+
+
+def _trailing(text: str) -> str:
+    """Why a payload with data after its first JSON value is refused, as the drain's decoder
+    says it: values separated by commas are counted (it counts the elements of ``[payload]``),
+    anything else is trailing data."""
+    try:
+        values = json.loads(f"[{text}]", parse_constant=_reject_constant, parse_int=_parse_int)
+    except (ValueError, RecursionError):
+        return reasons.TRAILING
+    return reasons.SEVERAL.format(len(values))
 
 
 def _convert(value: Any, dt: DataType) -> Any:
@@ -180,8 +258,14 @@ def _convert(value: Any, dt: DataType) -> Any:
             raise _Mismatch
         return [(k, _convert(v, dt.valueType)) for k, v in value.items()]
     if isinstance(dt, T.StringType):
-        # Like Spark's from_json: a non-string value becomes its JSON text.
-        return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+        # Like Spark's from_json: a non-string value becomes its JSON text (non-ASCII as is), and
+        # a lone surrogate (an escape like \ud800) becomes "?" (measured on Spark 4.2).
+        text = value if isinstance(value, str) else _spark_json(value)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            text = text.encode("utf-8", "replace").decode("utf-8")
+        return text
     if isinstance(dt, T.BooleanType):
         if not isinstance(value, bool):
             raise _Mismatch
