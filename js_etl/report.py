@@ -64,6 +64,8 @@ class RunReport:
     released_at_end: int = 0  # this run's uncommitted deliveries (failed tasks) NAKed back
     duplicates_dropped: int = 0  # second copies of a seq fetched within one round (not written)
     already_committed: int = 0  # fetched again though a table held them: acked, not rewritten
+    writer: str = "spark"  # "columnar" (js_etl.spark.columnar) or "spark"
+    writer_note: str | None = None  # why the Spark writer, when the columnar one was not chosen
     stopped_because: StopReason | None = None
     seconds: float = 0.0
     phase_seconds: dict[str, float] = field(default_factory=dict)

@@ -291,6 +291,10 @@ class TargetConfig(_Section):
     )
     dead_letter_path: str | None = setting(None, TEXT)
     dead_letter_table: str | None = setting(None, TEXT)
+    # How a drain writes the table's rows (js_etl.spark.columnar): auto = the columnar writer
+    # where it writes what Spark's would, else Spark's; columnar = refuse the run where it cannot.
+    writer: Literal["auto", "columnar", "spark"] = setting(
+        "auto", choice("auto", "columnar", "spark"))
 
     def _check(self) -> None:
         if self.path is None and self.table is None:

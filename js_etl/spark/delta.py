@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
     from js_etl.config import JobConfig
+    from js_etl.spark.columnar import WrittenFile
 
 log = logging.getLogger("js_etl.delta")
 
@@ -174,6 +175,46 @@ class DeltaTarget:
             raise TerminalError(
                 f"Delta did not record round {tag.round} of {tag.job} in {self} (it holds round "
                 f"{recorded}): the append was skipped; nothing of this round is acked")
+        return self._version_of(spark, tag, before + 1, after)
+
+    def commit_files(self, spark: SparkSession, directory: str, files: list[WrittenFile],
+                     tag: CommitTag) -> int:
+        """Commit Parquet files the round's tasks wrote (:mod:`js_etl.spark.columnar`) as round
+        ``tag.round`` of the job, in one transaction carrying the same ``txn`` action and
+        ``userMetadata`` as :meth:`append`; returns the commit's version.
+
+        The ``deltalake`` writer does not skip a stale ``txnVersion`` the way Spark's does, so
+        the round is checked before the commit (the lock keeps any other run of the job out
+        between the check and the commit); after it, the snapshot must hold the round — whatever
+        the commit raised (a conflict it gave up on, a failed post-commit checkpoint)."""
+        from deltalake import CommitProperties, DeltaTable, Transaction
+        from deltalake.transaction import AddAction, RemoveAction
+
+        recorded, before = self.job_round(spark, tag.job)
+        if recorded >= tag.round:
+            raise TerminalError(
+                f"{self} already holds round {recorded} of {tag.job}: round {tag.round} would "
+                "be skipped; nothing of this round is acked")
+        table = DeltaTable(directory)
+        actions: list[AddAction | RemoveAction] = [
+            AddAction(f.path, f.size, f.partition_values, f.modification_time, True, f.stats)
+            for f in files]
+        failure: Exception | None = None
+        try:
+            table.create_write_transaction(
+                actions, "append", table.schema(),
+                partition_by=table.metadata().partition_columns or None,
+                commit_properties=CommitProperties(
+                    custom_metadata={"userMetadata": tag.to_json()},
+                    app_transactions=[Transaction(tag.job, tag.round,
+                                                  int(time.time() * 1000))]))
+        except Exception as e:  # deltalake's errors have no common base: judged by the snapshot
+            failure = e
+        recorded, after = self.job_round(spark, tag.job)
+        if recorded != tag.round:
+            raise TransientError(
+                f"the commit of round {tag.round} of {tag.job} into {self} failed "
+                f"({type(failure).__name__}: {failure}); nothing of this round is acked")
         return self._version_of(spark, tag, before + 1, after)
 
     def _version_of(self, spark: SparkSession, tag: CommitTag, first: int, last: int) -> int:
@@ -331,7 +372,7 @@ def merge_new_rows(spark: SparkSession, table: DeltaTarget, source: DataFrame, t
         try:
             with _user_metadata(spark, tag.to_json()):
                 if not table.exists(spark):
-                    _create_empty(table, source, partition_by)
+                    create_empty(table, source, partition_by)
                 merge = (table.delta_table(spark).alias("t")
                          .merge(source.alias("s"), _merge_condition(stream, lo, hi))
                          .whenNotMatchedInsertAll())
@@ -376,7 +417,7 @@ def _merge_condition(stream: str, lo: int, hi: int) -> Column:
             & (F.col("t.stream") == F.lit(stream)) & F.col("t.seq").between(lo, hi))
 
 
-def _create_empty(table: DeltaTarget, source: DataFrame, partition_by: list[str]) -> None:
+def create_empty(table: DeltaTarget, source: DataFrame, partition_by: list[str]) -> None:
     """Create a missing table with the source's schema (``limit(0)``: nothing is computed), so
     that even the first backfill writes through MERGE."""
     writer = source.limit(0).write.format("delta").mode("append")

@@ -59,6 +59,7 @@ crash could lose a message for good. js-etl parks poison itself instead
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import uuid
@@ -77,7 +78,7 @@ from js_etl.durable.policy import (
     ensure_drain_consumer,
     min_ack_wait,
 )
-from js_etl.errors import ConfigError, TransientError
+from js_etl.errors import ConfigError, TerminalError, TransientError
 from js_etl.jetstream import (
     ConnectionOptions,
     ConsumerInfo,
@@ -89,8 +90,10 @@ from js_etl.jetstream import (
 )
 from js_etl.jetstream.ack import ACK, AckBlock, ack_block, nak_body, term_body
 from js_etl.report import LogProgress, Progress, RunReport, StopReason
+from js_etl.spark import columnar
+from js_etl.spark.columnar import ColumnarPlan, WrittenFile, fetch_decode_write
 from js_etl.spark.decode import PAYLOAD_BYTES, Decoder, with_partition_columns
-from js_etl.spark.delta import CommitTag, ack_keys, job_tables, rows_in_range
+from js_etl.spark.delta import CommitTag, ack_keys, create_empty, job_tables, rows_in_range
 from js_etl.spark.fetch import RAW_DDL, FetchPlan, fetch_partition
 from js_etl.spark.lock import TableLock
 from js_etl.spark.rounds import (
@@ -141,6 +144,7 @@ class Drain:
         self._ack_wait = DEFAULT_ACK_WAIT  # the consumer's, from the last round's plan
         self._released = 0  # deliveries NAKed since the last round (see plan_round)
         self._window = 1  # how many times fetch_seconds the next round may pull for
+        self.columnar: ColumnarPlan | None = None  # the writer, chosen before the first round
         refuse_speculation(spark)
         # Checks decode.schema: a bad schema fails before any pull.
         self.decoder = Decoder(config.decode.format, config.decode.schema,
@@ -242,7 +246,7 @@ class Drain:
                 # Only a delivery takes the pin (measured: a 409-only pull does not), so the
                 # first round pulls on one partition; later rounds share its pin id.
                 size = replace(size, partitions=1)
-            fetched, blocks = self._fetch(size, info)
+            fetched, blocks = self._fetch(size, info, next_round)
             faults.kill_here("kill_after_fetch")
             faults.hold_here("hold_after_fetch")
             try:
@@ -275,7 +279,34 @@ class Drain:
         number of this run's first round."""
         for table in self.tables:
             table.check_usable(self.spark)
+        self._choose_writer()
         return 1 + max(table.job_round(self.spark, self.config.job_id)[0] for table in self.tables)
+
+    def _choose_writer(self) -> None:
+        """The columnar writer where it writes what the Spark writer would (see
+        :mod:`js_etl.spark.columnar`), else the Spark writer; the report says which, and why."""
+        wanted = self.config.target.writer
+        problem = ("target.writer is spark" if wanted == "spark"
+                   else columnar.config_problem(self.spark, self.config))
+        if problem is None:
+            empty = self.decoder.flag(self.spark.createDataFrame([], RAW_DDL))
+            rows, names = with_partition_columns(self.decoder.rows(empty),
+                                                 list(self.config.target.partition_by))
+            if not self.target.exists(self.spark):
+                create_empty(self.target, rows, names)
+            location = self.target.location(self.spark)
+            detail = self.target.delta_table(self.spark).detail().first().asDict()
+            problem = columnar.table_problem(location, detail, self.target.read(self.spark).schema,
+                                             rows.schema, names)
+        if problem is None:
+            self.columnar = columnar.columnar_plan(location, self.config, self.run_id)
+            self.report.writer = "columnar"
+        elif wanted == "columnar":
+            raise ConfigError(f"target.writer is columnar, but {problem}: set target.writer to "
+                              "auto or spark")
+        else:
+            log.info("writing with Spark, not the columnar writer: %s", problem)
+            self.report.writer_note = problem
 
     # --- fence ------------------------------------------------------------------------------
     def _fence(self, js: JetStreamSession, info: ConsumerInfo, lock: TableLock) -> None:
@@ -341,7 +372,8 @@ class Drain:
         return self._released
 
     # --- rounds -----------------------------------------------------------------------------
-    def _fetch(self, size: RoundSize, info: ConsumerInfo) -> tuple[DataFrame, set[int]]:
+    def _fetch(self, size: RoundSize, info: ConsumerInfo, round_no: int
+               ) -> tuple[DataFrame, set[int]]:
         ack_wait = self._ack_wait = info.config.ack_wait or DEFAULT_ACK_WAIT
         plan = FetchPlan(
             options=self.options, stream=self.source.stream, consumer=self.source.consumer,
@@ -355,9 +387,15 @@ class Drain:
             fault_seconds=(1.5 * fetch_seconds(self.config, ack_wait)
                            if self.fault == "slow_task_start" else ack_wait + 1))
         with self.report.phase("fetch"):
-            raw = (self.spark.range(size.partitions, numPartitions=size.partitions)
-                   .mapInArrow(partial(fetch_partition, plan), RAW_DDL))
-            flagged = self.decoder.flag(raw, park_after=self.park_after)
+            tasks = self.spark.range(size.partitions, numPartitions=size.partitions)
+            if self.columnar:  # decoded, and the good rows written, by the fetch task itself
+                flagged = tasks.mapInArrow(
+                    partial(fetch_decode_write, plan, self.columnar, round_no),
+                    columnar.OUTPUT_DDL)
+            else:
+                flagged = self.decoder.flag(
+                    tasks.mapInArrow(partial(fetch_partition, plan), RAW_DDL),
+                    park_after=self.park_after)
             fetched, blocks = self._checkpoint(flagged)
             if self.fault == "lose_checkpoint":
                 self._release_blocks(blocks)  # as if the executor holding them had died
@@ -405,10 +443,12 @@ class Drain:
         blocks: set[int] = set()
         try:
             with self.report.phase("write"):
+                fetched, files = self._split_files(fetched)
                 stats = self._stats(fetched)
                 if not stats.n:
                     return False
-                if stats.distinct < stats.n:
+                as_fetched = stats.distinct == stats.n  # else: deduped below
+                if not as_fetched:
                     fetched, blocks = self._dedupe(fetched)
                     report.duplicates_dropped += stats.n - stats.distinct
                     stats = self._stats(fetched)
@@ -437,15 +477,22 @@ class Drain:
                     report.dead_letter_versions.append(self.dead_letters.append(
                         self.spark, self.decoder.dead_letters(fetched), tag, partition_by=[],
                         merge_schema=False))
-                if written.n > written.dead:
+                if written.n > written.dead and self.columnar and as_fetched and not known:
+                    # The files hold exactly the round's good rows: commit them as they are.
+                    self._check_files(files, written.n - written.dead)
+                    lock.check()
+                    report.delta_versions.append(self.target.commit_files(
+                        self.spark, self.columnar.directory, files, tag))
+                elif written.n > written.dead:
                     rows, partition_names = with_partition_columns(
-                        self.decoder.rows(fetched), list(self.config.target.partition_by))
+                        self._good_rows(fetched, files), list(self.config.target.partition_by))
                     if self.fault == "fail_write_task":
                         rows = rows.mapInArrow(faults.failing_write_stage, rows.schema)
                     lock.check()
                     report.delta_versions.append(self.target.append(
                         self.spark, rows, tag, partition_by=partition_names,
                         merge_schema=self.config.decode.merge_schema))
+                    self._remove(files)  # read into the append: no commit will name them
             faults.kill_here("kill_after_commit")
             faults.stall_here("stall_before_ack", self._ack_wait + 1)
             with self.report.phase("ack"):
@@ -470,6 +517,43 @@ class Drain:
         report.first_seq = min(x for x in (report.first_seq, first) if x is not None)
         report.last_seq = max(x for x in (report.last_seq, last) if x is not None)
         return True
+
+    def _split_files(self, fetched: DataFrame) -> tuple[DataFrame, list[WrittenFile]]:
+        """A columnar round's message rows, and the files its tasks wrote."""
+        if not self.columnar:
+            return fetched, []
+        from pyspark.sql import functions as F
+
+        described = fetched.where(F.col("file").isNotNull()).select("file").toArrow()
+        files = [WrittenFile.from_json(text) for text in described.column(0).to_pylist()]
+        return fetched.where(F.col("file").isNull()), files
+
+    def _check_files(self, files: list[WrittenFile], good: int) -> None:
+        written = sum(f.rows for f in files)
+        if written != good:  # cannot happen: a task's files and its key rows come together
+            raise TerminalError(f"the round's files hold {written} rows, its good messages are "
+                                f"{good}: nothing of this round is committed or acked")
+
+    def _good_rows(self, fetched: DataFrame, files: list[WrittenFile]) -> DataFrame:
+        """The round's table rows: decoded from the checkpoint, or — columnar — read back from
+        the files the tasks wrote, only the deliveries ``fetched`` still holds (after the dedupe
+        and the anti-join of what the tables hold already)."""
+        if not files:
+            return self.decoder.rows(fetched)
+        from pyspark.sql import functions as F
+
+        assert self.columnar is not None
+        keep = fetched.where(F.col("error").isNull()).select("seq", "consumer_seq")
+        paths = [f"file://{self.columnar.directory}/{f.path}" for f in files]
+        return self.spark.read.parquet(*paths).join(keep, ["seq", "consumer_seq"], "left_semi")
+
+    def _remove(self, files: list[WrittenFile]) -> None:
+        for f in files:
+            assert self.columnar is not None
+            try:
+                os.remove(os.path.join(self.columnar.directory, f.path))
+            except FileNotFoundError:
+                pass
 
     def _dedupe(self, fetched: DataFrame) -> tuple[DataFrame, set[int]]:
         """One row per seq, the latest delivery (highest consumer_seq), checkpointed so every

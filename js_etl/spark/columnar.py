@@ -1,0 +1,328 @@
+"""The columnar write path: each fetch task decodes its payloads with Arrow and writes the target
+table's Parquet files itself; the driver commits them in one Delta transaction per round.
+
+Why (issue 14): on the Spark writer every message crosses the JVM row by row — Arrow to rows,
+``from_json`` with a parser per payload, the round's checkpoint of full rows, Parquet encoding —
+and that, not the pull, was most of a round's CPU. Here the JVM sees only what the round needs
+to decide and ack: one small key row per message, the dead letters, and one row per file.
+
+The output of a fetch task (:data:`OUTPUT_DDL`) *is* the round's eager local checkpoint, as on
+the Spark path (:mod:`js_etl.spark.drain`): the fetch runs once, and a lost block fails the run
+instead of fetching again. What the rest of the round relies on, and why it still holds:
+
+* **A failed task attempt's files are never committed.** Only files named in the checkpoint are
+  committed, and a failed attempt's output is not in it. Its files stay in the table directory
+  unreferenced, as a failed Spark write task's do, until a VACUUM removes them.
+* **The files are immutable.** A round the fast commit cannot take as it is — a sequence fetched
+  twice, or one a table already holds — reads its files back with Spark and goes through the Spark
+  writer with the usual dedupe and anti-join, so every rule of the round applies to both paths.
+* **The same commit.** The files are committed with the same application transaction
+  (``txnAppId`` = job, ``txnVersion`` = round) and the same ``userMetadata`` tag as a Spark
+  append, by the ``deltalake`` package (Delta's Rust implementation) on the driver, with
+  statistics on ``seq`` so that :func:`js_etl.spark.delta.rows_in_range` skips the files of
+  other rounds. Measured with delta-spark 4.4.0 and deltalake 1.6.6 (tests/spark/
+  test_columnar.py pins each): Spark's snapshot reports the round from that ``txn`` action, the
+  history shows the tag, and a range outside a file's ``seq`` statistics plans no file.
+* **Acks still come from reading the tables back through Delta**, never from the checkpoint.
+
+It is chosen when the round is planned (:func:`columnar_plan`) only where it writes what the
+Spark writer would: JSON payloads whose schema the batch decoder covers
+(:func:`js_etl.spark.json_batch.supported`), decoded by the same rules and dead-letter reasons
+(:mod:`js_etl.spark.source_decode`), into a local table with a plain protocol whose schema is
+exactly the drain's rows. Anything else uses the Spark writer, and the run report says why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import uuid
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from js_etl.faults import fail_first_attempt
+from js_etl.spark.fetch import FetchPlan, fetch_partition
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.types import StructType
+
+    from js_etl.config import DecodeConfig, JobConfig
+
+# One row per fetched message (its ack key, its bytes, and the dead letter's columns when it is
+# one) or per written file (``file`` set, everything else null). The drain's decode path keeps
+# the same names (decode.DEAD_LETTER_COLUMNS, decode.PAYLOAD_BYTES).
+OUTPUT_DDL = ("seq BIGINT, stream STRING, subject STRING, consumer_seq BIGINT, "
+              "num_delivered BIGINT, published_at TIMESTAMP, "
+              "headers MAP<STRING, ARRAY<STRING>>, data BINARY, error STRING, "
+              "_js_etl_payload_bytes BIGINT, file STRING")
+# Spark's own name for the date of a timestamp column as a partition expression.
+_TO_DATE = re.compile(r"(?is)\s*to_date\s*\(\s*`?published_at`?\s*\)\s*")
+# Time zones in which to_date(published_at) is the UTC date the task computes.
+_UTC_ZONES = {"utc", "etc/utc", "gmt", "etc/gmt", "z", "+00:00"}
+_COPYABLE_ORIGIN = ("subject", "stream", "seq", "consumer_seq", "num_delivered")
+_STATS_COLUMNS = ("seq", "consumer_seq", "num_delivered")
+_MAX_STRING_STAT = 32  # Delta's own writer truncates longer string statistics
+_PLAIN = re.compile(r"[0-9A-Za-z_.-]+")  # needs no escaping in a path or a URI
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionColumn:
+    name: str  # the table's partition column
+    source: str | None  # the row column it copies; None: to_date(published_at) (UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnarPlan:
+    """What a fetch task needs to decode and write. Picklable: it travels to the executors."""
+
+    directory: str  # the table's local directory
+    decode: DecodeConfig
+    payload_json: str  # decode.schema as Spark's StructType JSON
+    partitions: tuple[PartitionColumn, ...]
+    park_after: int | None  # source.max_deliver (see Decoder.flag)
+    file_prefix: str  # "part-<run>-r<round>": which run and round wrote a file
+
+
+@dataclass(frozen=True, slots=True)
+class WrittenFile:
+    """One Parquet file a task wrote: the Delta ``add`` action's fields."""
+
+    path: str  # relative to the table directory
+    size: int
+    partition_values: dict[str, str | None]
+    modification_time: int  # epoch ms
+    stats: str  # Delta statistics JSON
+    rows: int
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> WrittenFile:
+        return cls(**json.loads(text))
+
+
+def config_problem(spark: SparkSession, config: JobConfig) -> str | None:
+    """Why this job's settings need the Spark writer, or None."""
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    from js_etl.config import partition_column_name
+    from js_etl.spark.json_batch import supported
+
+    decode = config.decode
+    if decode.format != "json":
+        return f"decode.format is {decode.format} (the columnar writer decodes JSON)"
+    if decode.unknown_fields != "ignore":
+        return "decode.unknown_fields is dead_letter"
+    if not supported(to_arrow_type(_payload_type(decode), timezone="UTC")):
+        return ("decode.schema has a type the batch JSON decoder does not cover (it covers "
+                "BIGINT, INT, SMALLINT, TINYINT, DOUBLE, STRING, BOOLEAN)")
+    copyable = {n.lower() for n in (*_payload_type(decode).fieldNames(), *_COPYABLE_ORIGIN)}
+    zone = spark.conf.get("spark.sql.session.timeZone") or ""
+    for expression in config.target.partition_by:
+        name, plain = partition_column_name(expression)
+        if name and plain and name.lower() in copyable:
+            continue
+        if not (name and not plain and _TO_DATE.fullmatch(_computed(expression))):
+            return (f"target.partition_by {expression!r}: the columnar writer computes only "
+                    "to_date(published_at) AS <name> and copies columns")
+        if zone.lower() not in _UTC_ZONES:
+            return f"to_date(published_at) in session time zone {zone!r}, not UTC"
+    return None
+
+
+def table_problem(location: str, detail: dict[str, Any], schema: StructType,
+                  rows: StructType, partition_columns: list[str]) -> str | None:
+    """Why the existing table needs the Spark writer, or None. ``detail`` is a row of Delta's
+    DESCRIBE DETAIL; ``rows`` the schema the drain's rows have, partitioning included."""
+    if _local_directory(location) is None:
+        return f"the table is not on the local file system ({location})"
+    protocol = (detail["minReaderVersion"], detail["minWriterVersion"])
+    if protocol[0] > 1 or protocol[1] > 2:
+        return (f"the table's protocol (reader {protocol[0]}, writer {protocol[1]}) has "
+                "features the columnar writer does not write")
+    if [f.name for f in schema.fields if not f.nullable]:
+        return "the table has NOT NULL columns"
+    if list(detail["partitionColumns"]) != partition_columns:
+        return (f"the table is partitioned by {list(detail['partitionColumns'])}, the rows by "
+                f"{partition_columns}")
+    ours = {f.name: f.dataType.simpleString() for f in rows.fields}
+    theirs = {f.name: f.dataType.simpleString() for f in schema.fields}
+    if ours != theirs:
+        return "the table's columns differ from the rows' (schema evolution is the Spark writer's)"
+    return None
+
+
+def columnar_plan(location: str, config: JobConfig, run_id: str) -> ColumnarPlan:
+    """The plan of a job :func:`config_problem` and :func:`table_problem` accepted."""
+    decode = config.decode
+    copyable = {n.lower(): n for n in (*_payload_type(decode).fieldNames(), *_COPYABLE_ORIGIN)}
+    from js_etl.config import partition_column_name
+
+    partitions = []
+    for expression in config.target.partition_by:
+        name, plain = partition_column_name(expression)
+        assert name is not None  # config_problem accepted it
+        partitions.append(PartitionColumn(name, copyable[name.lower()] if plain else None))
+    directory = _local_directory(location)
+    assert directory is not None  # table_problem accepted it
+    return ColumnarPlan(directory, decode, _payload_type(decode).json(), tuple(partitions),
+                        config.source.max_deliver, f"part-{run_id}")
+
+
+def _payload_type(decode: DecodeConfig) -> StructType:
+    from pyspark.sql.types import StructType, _parse_datatype_string
+
+    schema = _parse_datatype_string(decode.schema or "")
+    assert isinstance(schema, StructType)  # the Decoder checked decode.schema
+    return schema
+
+
+def _computed(expression: str) -> str:
+    """The expression of ``<expression> AS <name>``."""
+    return re.split(r"(?is)\s+AS\s+", expression)[0]
+
+
+def _local_directory(location: str) -> str | None:
+    if location.startswith("file:"):
+        return "/" + location.removeprefix("file:").lstrip("/")
+    if "://" in location or ":" in location.split("/")[0]:
+        return None
+    return os.path.abspath(location)
+
+
+def fetch_decode_write(fetch: FetchPlan, plan: ColumnarPlan, round_no: int,
+                       batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow`` body: the fetch (:func:`~js_etl.spark.fetch.fetch_partition`), each pulled
+    batch decoded; the good rows written as Parquet files at the end, one per partition value;
+    yields the key and dead-letter rows of every message, then one row per file."""
+    from js_etl.spark.source_decode import BatchDecoder
+
+    decoder = BatchDecoder.of(plan.decode, plan.payload_json)
+    good: list[pa.RecordBatch] = []
+    for raw in fetch_partition(fetch, batches):
+        decoded = decoder(raw)
+        error = decoded.column("error")
+        if plan.park_after is not None:
+            delivered = decoded.column("num_delivered")
+            poison = pc.binary_join_element_wise(
+                "poison: delivered ", pc.cast(delivered, pa.string()),
+                f" times (more than source.max_deliver {plan.park_after})", "")
+            error = pc.if_else(pc.greater(delivered, plan.park_after), poison, error)
+        dead = pc.is_valid(error)
+        rows = decoded.drop_columns(["error"])
+        if not plan.decode.keep_raw:
+            rows = rows.drop_columns(["data"])
+        good.append(rows.filter(pc.invert(dead)))
+        yield _keys(decoded, error, dead)
+    table = pa.Table.from_batches(good) if good else None
+    if table is not None and table.num_rows:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        task = context.partitionId() if context is not None else 0
+        written = list(_write(plan, f"{plan.file_prefix}-r{round_no}-t{task}", table))
+        # The attempt dies with its files on disk: they must never be committed.
+        fail_first_attempt("fail_write_task", fetch.fault)
+        for description in written:
+            yield _file_row(description)
+
+
+def _keys(decoded: pa.RecordBatch, error: pa.Array, dead: pa.Array) -> pa.RecordBatch:
+    """The message rows of the output: every column but the keys and bytes null on a good row."""
+    def dead_only(name: str) -> pa.Array:
+        column = decoded.column(name)
+        return pc.if_else(dead, column, pa.nulls(len(column), column.type))
+
+    data = decoded.column("data")
+    return pa.RecordBatch.from_arrays([
+        decoded.column("seq"), dead_only("stream"), dead_only("subject"),
+        decoded.column("consumer_seq"), decoded.column("num_delivered"),
+        dead_only("published_at"), dead_only("headers"), dead_only("data"), error,
+        pc.binary_length(data).cast(pa.int64()), pa.nulls(len(data), pa.string()),
+    ], schema=OUTPUT_SCHEMA)
+
+
+def _file_row(written: WrittenFile) -> pa.RecordBatch:
+    columns = [pa.nulls(1, f.type) for f in OUTPUT_SCHEMA][:-1]
+    return pa.RecordBatch.from_arrays([*columns, pa.array([written.to_json()], pa.string())],
+                                      schema=OUTPUT_SCHEMA)
+
+
+def _write(plan: ColumnarPlan, name: str, table: pa.Table) -> Iterator[WrittenFile]:
+    """One Parquet file per distinct partition value of ``table``. A partition column copied
+    from a row column stays in the file (Delta reads partition columns from the log's
+    ``partitionValues``, which hold the same value), so a round read back from its files
+    (:meth:`~js_etl.spark.drain.Drain._good_rows`) has every row column."""
+    import time
+
+    import pyarrow.parquet as pq
+
+    values = {column.name: (pc.cast(table.column("published_at"), pa.date32())
+                            if column.source is None else table.column(column.source))
+              for column in plan.partitions}
+    keys = pa.table(values).group_by(list(values)).aggregate([]).to_pylist() if values else [{}]
+    for i, key in enumerate(keys):
+        mask = pa.repeat(True, table.num_rows)
+        for column, value in key.items():
+            mask = pc.and_(mask, pc.is_null(values[column]) if value is None
+                           else pc.equal(values[column], pa.scalar(value, values[column].type)))
+        part = table.filter(mask)
+        partition_values = {c: _partition_text(v) for c, v in key.items()}
+        safe = all(v is not None and _PLAIN.fullmatch(c) and _PLAIN.fullmatch(v)
+                   for c, v in partition_values.items())
+        # Where a file lies does not matter to Delta (its partitionValues do): a readable
+        # directory when the values make one, else the table's top level.
+        directory = "/".join(f"{c}={v}" for c, v in partition_values.items()) if safe else ""
+        path = f"{directory}/{name}-{i}-{uuid.uuid4().hex}.snappy.parquet".lstrip("/")
+        full = os.path.join(plan.directory, path)
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        pq.write_table(part, full, compression="snappy")
+        yield WrittenFile(path, os.stat(full).st_size, partition_values,
+                          int(time.time() * 1000), _stats(part), part.num_rows)
+
+
+def _partition_text(value: Any) -> str | None:
+    """A partition value as Delta writes it in ``partitionValues``."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return value.isoformat() if hasattr(value, "isoformat") else str(value)
+
+
+def _stats(part: pa.Table) -> str:
+    """Delta statistics of a file: its rows, and min, max and nulls of the key columns (what
+    data skipping on a round's ``seq`` range needs); ``stream`` too when short."""
+    minimum: dict[str, Any] = {}
+    maximum: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    for name in (*_STATS_COLUMNS, "stream"):
+        column = part.column(name)
+        nulls[name] = column.null_count
+        low, high = pc.min_max(column).values()
+        if low.is_valid and (name != "stream" or len(high.as_py()) <= _MAX_STRING_STAT):
+            minimum[name], maximum[name] = low.as_py(), high.as_py()
+    return json.dumps({"numRecords": part.num_rows, "minValues": minimum,
+                       "maxValues": maximum, "nullCount": nulls}, separators=(",", ":"))
+
+
+def _output_schema() -> pa.Schema:
+    from js_etl.spark.fetch import ARROW_SCHEMA
+
+    origin = {f.name: f.type for f in ARROW_SCHEMA}
+    return pa.schema([
+        ("seq", pa.int64()), ("stream", pa.string()), ("subject", pa.string()),
+        ("consumer_seq", pa.int64()), ("num_delivered", pa.int64()),
+        ("published_at", origin["published_at"]), ("headers", origin["headers"]),
+        ("data", pa.binary()), ("error", pa.string()), ("_js_etl_payload_bytes", pa.int64()),
+        ("file", pa.string())])
+
+
+OUTPUT_SCHEMA = _output_schema()

@@ -1,0 +1,252 @@
+"""The columnar writer (js_etl/spark/columnar.py) on a real nats-server, Spark and Delta: it must
+write what the Spark writer writes, commit like it, and keep every rule of the round.
+
+The exactly-once tests (test_faults.py, test_exactly_once.py, the fault schedules) run on the
+writer ``target.writer=auto`` picks for their JSON tables: this one.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+import pytest
+from streams import add_stream, publish_and_wait, settled
+from test_faults import assert_exactly_once, config_for, events, setup_stream
+from test_hostile_input import PAYLOADS
+
+from js_etl.config import load_config
+from js_etl.errors import ConfigError, TerminalError
+from js_etl.spark.columnar import WrittenFile
+from js_etl.spark.delta import CommitTag, DeltaTarget, log_actions, rows_in_range
+from js_etl.spark.drain import run_drain
+
+pytestmark = pytest.mark.slow
+
+SCHEMA = "id BIGINT, kind STRING, n INT, ok BOOLEAN, x DOUBLE"
+
+
+def config(names: Any, url: str, table: Path, consumer: str, *extra: str) -> Any:
+    return load_config(None, [
+        f"nats.servers={url}", f"source.stream={names.stream}", f"source.consumer={consumer}",
+        "source.create_consumer=true", f"target.path={table}", "fetch.partitions=2",
+        "fetch.batch=100", "fetch.pull_timeout=2", "decode.format=json",
+        f"decode.schema={SCHEMA}", *extra], environ={})
+
+
+def nested(depth: int) -> bytes:
+    """A good object whose ignored field nests ``depth`` arrays."""
+    return b'{"id": 1, "deep": ' + b"[" * depth + b"]" * depth + b"}"
+
+
+# Beyond the data source's hostile payloads: what the columnar decoder screens or falls back on.
+MORE_PAYLOADS = [
+    b'{\n  "id": 40,\n  "kind": "pretty"\n}',  # pretty-printed over several lines
+    b'{"id": 41}\n',
+    *(nested(d) for d in (100, 255, 256, 257, 900, 997, 998, 999, 1000, 1001, 5000)),
+    b'{"id": 2, "deep": "' + b"[" * 2000 + b'"}',  # brackets in a string do not nest
+    b'{"id": 99999999999999999999}',  # beyond BIGINT
+    b'{"id": 42, "x": 1e400}',  # beyond the doubles
+    b'{"id": 43, "x": ' + b"9" * 400 + b"}",  # an integer literal beyond the doubles
+    b'{"id": -0, "x": -0}',
+    b'{"id": 44, "n": 2147483648}',  # beyond INT
+    b'{"id": 45, "n": 1.0}',
+    b'{"id": 46, "ok": "true"}',
+    b'{"id": 47, "kind": 7}',  # a number into a STRING
+    b'{"id": 48, "kind": {"a": [1, 2]}}',  # an object into a STRING
+    b'{"id": 64, "kind": {"a": "\xc3\xa9\\u00e9 \\" \\n"}}',  # ... with unicode and escapes
+    b'{"id": 65, "kind": [1.50, 1e2, 0.1, true, null]}',  # numbers as written, into a STRING
+    b'{"id": 66, "kind": {"a": "\\u0001\\b\\f\\t\\/\\u2028"}}',
+    b'{"id": 67, "kind": {"\\u00e9": 1.0, "b": -0.0, "c": 1E+2, "d": 12345678901234567890}}',
+    b'{"id": 68, "kind": [1e309, -1e400, 123456789012345678901234567890.5]}',
+    b'{"id": 69, "kind": [1e-5, 1e20, 0.0009, 123.456, 1e7, 9999999.0, 0.001, -2.5e-3]}',
+    b'{"id": 49, "kind": "\\ud800"}',  # a lone surrogate
+    b'{"id": 50, "kind": "tab\there"}',  # a raw control character in a string
+    b'{"id": 51, "id": 52}',  # a repeated key
+    b'{"id": 53, "kind": "a/b=c d"}',  # not a directory name
+    b'{"id": 54, "x": NaN}',
+    b'{"id": 55, "x": Infinity}',
+    b'{"id": 56}{"id": 57}',
+    b'{"id": 58}, {"id": 59}, {"id": 60}',
+    b'{"id": 61, "kind": "\xc3\xa9t\xc3\xa9"}',
+    b'{"id": 62, "kind": "' + "é".encode() * 3 + b'"}',
+    b'\xef\xbb\xbf{"id": 63}',  # a UTF-8 byte order mark
+]
+
+
+def table_rows(spark: Any, path: Path, *, drop: tuple[str, ...] = ()) -> list[tuple[Any, ...]]:
+    df = spark.read.format("delta").load(str(path))
+    columns = [c for c in sorted(df.columns) if c not in drop]
+    return sorted((tuple(bytes(v) if isinstance(v, bytearray) else v for v in row)
+                   for row in df.select(*columns).collect()), key=repr)
+
+
+def committed_files(spark: Any, table: Path) -> set[str]:
+    """The data files the table's current snapshot names, as local paths."""
+    uris = spark.read.format("delta").load(str(table)).inputFiles()
+    return {unquote(uri.removeprefix("file:")) for uri in uris}
+
+
+def columnar_files(table: Path, run_id: str) -> set[str]:
+    """The Parquet files a run's fetch tasks wrote (columnar.ColumnarPlan.file_prefix)."""
+    return {str(p) for p in table.rglob(f"part-{run_id}-r*.parquet")}
+
+
+def schema_of(spark: Any, path: Path) -> list[tuple[str, str]]:
+    df = spark.read.format("delta").load(str(path))
+    return sorted((f.name, f.dataType.simpleString()) for f in df.schema.fields)
+
+
+@pytest.mark.parametrize("partition_by", ["[]", "[to_date(published_at) AS date, kind]"])
+def test_both_writers_write_the_same_rows_and_dead_letters(partition_by, spark, js, names,
+                                                           nats_server, tmp_path):
+    add_stream(js, names)
+    good = [json.dumps({"id": i, "kind": f"k{i % 3}", "n": i, "ok": i % 2 == 0,
+                        "x": i / 7}).encode() for i in range(300)]
+    payloads = [*good[:150], *PAYLOADS, *MORE_PAYLOADS, *good[150:]]
+    headers = [("Tag", "one"), ("Tag", "two"), ("Trace", "t-1 é")]
+    publish_and_wait(js, names, [(f"{names.prefix}.e", p, *([headers] if i % 7 == 0 else []))
+                                 for i, p in enumerate(payloads)])
+    reports = {}
+    for writer in ("spark", "columnar"):
+        reports[writer] = run_drain(spark, config(
+            names, nats_server.url, tmp_path / writer, f"{names.consumer}_{writer}",
+            f"target.writer={writer}", f"target.partition_by={partition_by}"))
+
+    assert reports["columnar"].writer == "columnar" and reports["spark"].writer == "spark"
+    assert ([(r.messages_written, r.dead_letters) for r in reports.values()]
+            == [(reports["spark"].messages_written, reports["spark"].dead_letters)] * 2)
+    assert reports["spark"].messages_written + reports["spark"].dead_letters == len(payloads)
+    for suffix in ("", "_dead_letters"):
+        spark_table, columnar_table = (tmp_path / f"{w}{suffix}" for w in ("spark", "columnar"))
+        assert schema_of(spark, columnar_table) == schema_of(spark, spark_table)
+        # Two consumers: their delivery sequences differ with the tasks' interleaving.
+        drop = ("consumer_seq",)
+        assert table_rows(spark, columnar_table, drop=drop) == table_rows(spark, spark_table,
+                                                                          drop=drop)
+    for writer in ("spark", "columnar"):
+        info = settled(js, names.stream, f"{names.consumer}_{writer}")
+        assert (info.num_pending, info.num_ack_pending) == (0, 0)
+
+
+def test_a_columnar_round_commits_with_the_jobs_transaction_tag_and_seq_statistics(
+        spark, js, names, nats_server, tmp_path):
+    add_stream(js, names)
+    publish_and_wait(js, names, [(f"{names.prefix}.e", json.dumps({"id": i}).encode())
+                                 for i in range(500)])
+    table = tmp_path / "t"
+    job_config = config(names, nats_server.url, table, names.consumer, "fetch.partitions=1",
+                        "source.max_ack_pending=200")
+
+    report = run_drain(spark, job_config)
+
+    assert report.writer == "columnar" and report.writer_note is None
+    assert (report.rounds, report.messages_written) == (3, 500)
+    target = DeltaTarget(str(table))
+    assert target.job_round(spark, job_config.job_id) == (3, report.delta_versions[-1])
+    tags = [CommitTag.from_json(a["commitInfo"].get("userMetadata"))
+            for v in report.delta_versions for a in log_actions(spark, str(table), v)
+            if "commitInfo" in a]
+    assert [(t.round, t.first_seq, t.last_seq) for t in tags if t] == [
+        (1, 1, 200), (2, 201, 400), (3, 401, 500)]
+    # Data skipping on the files' seq statistics: a range no file covers plans no file.
+    assert rows_in_range(spark, target, names.stream, 501, 10_000) is None
+    assert len(rows_in_range(spark, target, names.stream, 150, 250).inputFiles()) == 2
+    assert target.read(spark).count() == 500
+
+
+def test_a_failed_write_attempts_files_are_never_committed(spark, js, names, nats_server,
+                                                            tmp_path, monkeypatch):
+    messages, good, bad = events(names, 600, poison_every=101)
+    setup_stream(js, names, messages)
+    table = tmp_path / "table"
+    monkeypatch.setenv("JS_ETL_FAULT", "fail_write_task")
+
+    first = run_drain(spark, config_for(names, nats_server.url, table))
+
+    monkeypatch.delenv("JS_ETL_FAULT")
+    assert first.writer == "columnar"
+    written = columnar_files(table, first.run_id)
+    # Every task's first attempt wrote its files, then died: those stay unreferenced.
+    assert written - committed_files(spark, table)
+    run_drain(spark, config_for(names, nats_server.url, table))
+    assert_exactly_once(spark, js, names, table, good, bad)
+
+
+def test_a_round_holding_rows_the_table_has_goes_through_the_spark_writer(
+        spark, js, names, nats_server, tmp_path):
+    """A second consumer of the same stream into the same table: its rounds fetch sequences
+    the table holds, which must be acked and not written again; the rest of each round is read
+    back from the files its tasks wrote and appended by Spark, and those files removed."""
+    add_stream(js, names)
+    publish_and_wait(js, names, [(f"{names.prefix}.e", json.dumps({"id": i}).encode())
+                                 for i in range(400)])
+    table = tmp_path / "t"
+    first = run_drain(spark, config(names, nats_server.url, table, f"{names.consumer}_a",
+                                    "run.max_messages=150"))
+    assert (first.writer, first.messages_written) == ("columnar", 150)
+
+    second = run_drain(spark, config(names, nats_server.url, table, f"{names.consumer}_b"))
+
+    assert (second.messages_written, second.already_committed) == (250, 150)
+    seqs = sorted(r.seq for r in DeltaTarget(str(table)).read(spark).select("seq").collect())
+    assert seqs == list(range(1, 401))
+    # The first run's files are committed; the second run's, read into Spark's append, removed.
+    assert columnar_files(table, first.run_id) <= committed_files(spark, table)
+    assert not columnar_files(table, second.run_id)
+    info = settled(js, names.stream, f"{names.consumer}_b")
+    assert (info.num_pending, info.num_ack_pending) == (0, 0)
+
+
+def test_the_writer_is_chosen_before_the_first_round_and_reported(spark, js, names, nats_server,
+                                                                  tmp_path):
+    add_stream(js, names)
+    publish_and_wait(js, names, [(f"{names.prefix}.e", b'{"id": 1}')] * 5)
+
+    def drain(table: str, consumer: str, *extra: str) -> Any:
+        return run_drain(spark, config(names, nats_server.url, tmp_path / table, consumer,
+                                       *extra))
+
+    text = drain("text", "c1", "decode.format=text", "decode.schema=null")
+    assert (text.writer, text.messages_written) == ("spark", 5)
+    assert text.writer_note == "decode.format is text (the columnar writer decodes JSON)"
+    forced = drain("forced", "c2", "target.writer=spark")
+    assert (forced.writer, forced.writer_note) == ("spark", "target.writer is spark")
+    nested_schema = drain("nested", "c3", "decode.schema=id BIGINT, tags ARRAY<STRING>")
+    assert nested_schema.writer == "spark" and "type" in nested_schema.writer_note
+
+    # A table with a NOT NULL column: Delta's writer enforces it, the columnar one would not.
+    strict = tmp_path / "strict"
+    spark.sql(f"CREATE TABLE delta.`{strict}` (subject STRING, stream STRING, seq BIGINT, "
+              "consumer_seq BIGINT, num_delivered BIGINT, published_at TIMESTAMP, "
+              "headers MAP<STRING, ARRAY<STRING>>, id BIGINT NOT NULL, kind STRING, n INT, "
+              "ok BOOLEAN, x DOUBLE) USING delta")
+    not_null = drain("strict", "c4")
+    assert (not_null.writer, not_null.writer_note) == ("spark", "the table has NOT NULL columns")
+    assert not_null.messages_written == 5
+
+    with pytest.raises(ConfigError, match="target.writer is columnar, but decode.format is raw"):
+        drain("refused", "c5", "decode.format=raw", "decode.schema=null",
+              "target.writer=columnar")
+    assert not (tmp_path / "refused" / "_delta_log").exists()
+
+
+def test_a_stale_round_is_refused_not_committed(spark, js, names, nats_server, tmp_path):
+    add_stream(js, names)
+    publish_and_wait(js, names, [(f"{names.prefix}.e", b'{"id": 1}')] * 3)
+    table = tmp_path / "t"
+    job_config = config(names, nats_server.url, table, names.consumer)
+    run_drain(spark, job_config)
+    target = DeltaTarget(str(table))
+    version = target.job_round(spark, job_config.job_id)[1]
+    data_file = Path(sorted(committed_files(spark, table))[0])
+    again = WrittenFile(str(data_file.relative_to(table)), data_file.stat().st_size, {}, 0,
+                        '{"numRecords":3}', 3)
+    tag = CommitTag(job_config.job_id, "run", 1, "$JS.ACK.x.y", 1, 3)
+    with pytest.raises(TerminalError, match="already holds round 1"):
+        target.commit_files(spark, str(table), [again], replace(tag, round=1))
+    assert target.job_round(spark, job_config.job_id)[1] == version
+    assert target.read(spark).count() == 3
