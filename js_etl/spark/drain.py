@@ -295,8 +295,7 @@ class Drain:
             if not self.target.exists(self.spark):
                 create_empty(self.target, rows, names)
             location = self.target.location(self.spark)
-            detail = self.target.delta_table(self.spark).detail().first().asDict()
-            problem = columnar.table_problem(location, detail, self.target.read(self.spark).schema,
+            problem = columnar.table_problem(location, self.target.shape(self.spark),
                                              rows.schema, names)
         if problem is None:
             self.columnar = columnar.columnar_plan(location, self.config, self.run_id)
@@ -437,18 +436,32 @@ class Drain:
                         round_no: int) -> bool:
         """Write the round, then ack what the tables hold for its sequences. Returns False when
         the round fetched nothing."""
+        files: list[WrittenFile] = []
+        if self.columnar:
+            with self.report.phase("write"):
+                keys, files = self._collect_round(fetched)
+            if not keys.num_rows:
+                return False
+            if self._commit_columnar(js, lock, fetched, keys, files, round_no):
+                return True
+            # A seq twice, or one a table holds: Spark's path, which has the rules for both.
+            fetched = self._as_spark_round(fetched, keys)
+        return self._commit_spark(js, lock, fetched, files, round_no)
+
+    def _commit_spark(self, js: JetStreamSession, lock: TableLock, fetched: DataFrame,
+                      files: list[WrittenFile], round_no: int) -> bool:
+        """The round through Spark: its rows from the checkpoint, or — a columnar round the
+        columnar commit could not take — read back from the files its tasks wrote."""
         import pyarrow as pa
 
         report = self.report
         blocks: set[int] = set()
         try:
             with self.report.phase("write"):
-                fetched, files = self._split_files(fetched)
                 stats = self._stats(fetched)
                 if not stats.n:
                     return False
-                as_fetched = stats.distinct == stats.n  # else: deduped below
-                if not as_fetched:
+                if stats.distinct < stats.n:
                     fetched, blocks = self._dedupe(fetched)
                     report.duplicates_dropped += stats.n - stats.distinct
                     stats = self._stats(fetched)
@@ -477,13 +490,7 @@ class Drain:
                     report.dead_letter_versions.append(self.dead_letters.append(
                         self.spark, self.decoder.dead_letters(fetched), tag, partition_by=[],
                         merge_schema=False))
-                if written.n > written.dead and self.columnar and as_fetched and not known:
-                    # The files hold exactly the round's good rows: commit them as they are.
-                    self._check_files(files, written.n - written.dead)
-                    lock.check()
-                    report.delta_versions.append(self.target.commit_files(
-                        self.spark, self.columnar.directory, files, tag))
-                elif written.n > written.dead:
+                if written.n > written.dead:
                     rows, partition_names = with_partition_columns(
                         self._good_rows(fetched, files), list(self.config.target.partition_by))
                     if self.fault == "fail_write_task":
@@ -512,21 +519,94 @@ class Drain:
                         report.messages_written += new_rows
         finally:
             self._release_blocks(blocks)
-        report.rounds += 1
-        report.bytes += stats.bytes
-        report.first_seq = min(x for x in (report.first_seq, first) if x is not None)
-        report.last_seq = max(x for x in (report.last_seq, last) if x is not None)
+        self._count_round(stats)
         return True
 
-    def _split_files(self, fetched: DataFrame) -> tuple[DataFrame, list[WrittenFile]]:
-        """A columnar round's message rows, and the files its tasks wrote."""
-        if not self.columnar:
-            return fetched, []
+    def _count_round(self, stats: RoundStats) -> None:
+        report = self.report
+        report.rounds += 1
+        report.bytes += stats.bytes
+        report.first_seq = min(x for x in (report.first_seq, stats.first) if x is not None)
+        report.last_seq = max(x for x in (report.last_seq, stats.last) if x is not None)
+
+    # --- the columnar round (js_etl.spark.columnar) ------------------------------------------
+    def _collect_round(self, fetched: DataFrame) -> tuple[pa.Table, list[WrittenFile]]:
+        """The round's keys (one blob per pull) and the files its tasks wrote: one small
+        collect, the dead letters stay in the checkpoint."""
         from pyspark.sql import functions as F
 
-        described = fetched.where(F.col("file").isNotNull()).select("file").toArrow()
-        files = [WrittenFile.from_json(text) for text in described.column(0).to_pylist()]
-        return fetched.where(F.col("file").isNull()), files
+        rows = fetched.where(F.col("error").isNull()).select("keys", "file").toArrow()
+        blobs = [b for b in rows.column("keys").to_pylist() if b is not None]
+        files = [WrittenFile.from_json(f) for f in rows.column("file").to_pylist()
+                 if f is not None]
+        return columnar.read_key_blobs(blobs), files
+
+    def _commit_columnar(self, js: JetStreamSession, lock: TableLock, fetched: DataFrame,
+                         keys: pa.Table, files: list[WrittenFile], round_no: int) -> bool:
+        """Commit the files as they are and ack, when the round holds each seq once and neither
+        table holds any of them; else False, with nothing written. The same steps and checks
+        as :meth:`_commit_spark` otherwise: dead letters appended by Spark, the round's files
+        committed in one transaction (:meth:`DeltaTarget.commit_files`), acks from what the
+        tables hold for the round's seqs afterwards, read through Delta."""
+        import pyarrow.compute as pc
+        from pyspark.sql import functions as F
+
+        assert self.columnar is not None
+        stream, directory = self.source.stream, self.columnar.directory
+        with self.report.phase("write"):
+            stats = RoundStats.of(keys)
+            first, last = stats.first, stats.last
+            if stats.distinct < stats.n:
+                return False
+            held = columnar.table_keys(directory, stream, first, last)
+            if held is not None and pc.any(pc.is_in(held.column("seq"),
+                                                    keys.column("seq"))).as_py():
+                return False
+            if rows_in_range(self.spark, self.dead_letters, stream, first, last) is not None:
+                return False  # rare: Spark's path compares the dead letters it holds
+            tag = CommitTag(self.config.job_id, self.run_id, round_no, self.ack_prefix, first,
+                            last)
+            if stats.dead:
+                lock.check()
+                self.report.dead_letter_versions.append(self.dead_letters.append(
+                    self.spark, self.decoder.dead_letters(fetched.where(F.col("error")
+                                                                        .isNotNull())),
+                    tag, partition_by=[], merge_schema=False))
+            if stats.n > stats.dead:
+                self._check_files(files, stats.n - stats.dead)
+                lock.check()
+                self.report.delta_versions.append(
+                    self.target.commit_files(self.spark, directory, files, tag))
+        faults.kill_here("kill_after_commit")
+        faults.stall_here("stall_before_ack", self._ack_wait + 1)
+        with self.report.phase("ack"):
+            rows = columnar.table_keys(directory, stream, first, last)
+            if rows is not None and held is not None:  # others' rows in the range: not ours
+                rows = rows.filter(pc.is_in(rows.column("seq"), keys.column("seq")))
+            self.report.messages_written += self._ack(js, lock, rows if rows is not None
+                                                      else ack_keys(None))
+            # No dead letter held the range before this round: all it holds now is ours.
+            self.report.dead_letters += self._ack(js, lock, ack_keys(rows_in_range(
+                self.spark, self.dead_letters, stream, first, last), with_error=True), dead=True)
+        self._count_round(stats)
+        return True
+
+    def _as_spark_round(self, fetched: DataFrame, keys: pa.Table) -> DataFrame:
+        """A columnar round as the Spark path's checkpoint rows: the good deliveries' keys (the
+        rows themselves are in the files) and the dead letters."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        from pyspark.sql import functions as F
+
+        good = keys.filter(pc.invert(keys.column("dead")))
+        n = good.num_rows
+        schema = columnar.OUTPUT_SCHEMA
+        given = {"seq": good.column("seq"), "consumer_seq": good.column("consumer_seq"),
+                 "num_delivered": good.column("num_delivered"),
+                 PAYLOAD_BYTES: good.column("bytes")}
+        rows = pa.table([given.get(f.name, pa.nulls(n, f.type)) for f in schema], schema=schema)
+        return (self.spark.createDataFrame(rows, columnar.OUTPUT_DDL)
+                .unionByName(fetched.where(F.col("error").isNotNull())))
 
     def _check_files(self, files: list[WrittenFile], good: int) -> None:
         written = sum(f.rows for f in files)

@@ -173,7 +173,11 @@ def format_results(result: dict[str, Any]) -> str:
         ours = w["legs"].get("js_etl", {})
         if ours.get("phase_seconds"):
             phases = ", ".join(f"{k} {v:.1f}" for k, v in ours["phase_seconds"].items())
-            lines.append(f"js-etl: {ours.get('rounds')} rounds; phase seconds: {phases}")
+            writer = ours.get("writer") or "?"
+            if ours.get("writer_note"):
+                writer += f" ({ours['writer_note']})"
+            lines.append(f"js-etl: {writer} writer, {ours.get('rounds')} rounds; phase seconds: "
+                         f"{phases}")
     mc = result.get("memory_check")
     if mc:
         lines += ["", f"memory check: js-etl leg at N and 4xN messages of {mc['size']} B, each "

@@ -209,6 +209,7 @@ class Bench:
                    {"batch": config.fetch.batch, "max_bytes": config.fetch.max_bytes,
                     "partition_max_bytes": config.fetch.partition_max_bytes,
                     "rounds": report.rounds, "phase_seconds": report.phase_seconds,
+                    "writer": report.writer, "writer_note": report.writer_note,
                     "run_seconds": report.seconds, "stopped_because": report.stopped_because,
                     "consumer": state, "table": config.target.path})
 
