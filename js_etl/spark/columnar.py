@@ -41,6 +41,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -211,7 +212,12 @@ def table_keys(directory: str, stream: str, first: int, last: int) -> pa.Table |
     if "min.seq" in files.column_names and "max.seq" in files.column_names:
         overlap = pc.fill_null(pc.and_(pc.less_equal(files.column("min.seq"), last),
                                        pc.greater_equal(files.column("max.seq"), first)), True)
-    paths = [os.path.join(directory, p) for p in files.filter(overlap).column("path").to_pylist()]
+    # A Delta path is an escaped URI reference (Spark's directory for the partition value
+    # "a/b c" is "kind=a%2Fb c" on disk, "kind=a%252Fb%20c" in the log); absolute when the file
+    # lies elsewhere.
+    paths = [_local_directory(p) or p if ":" in p.split("/")[0]
+             else os.path.join(directory, unquote(p))
+             for p in files.filter(overlap).column("path").to_pylist()]
     if not paths:
         return None
     in_range = ((ds.field("stream") == stream) & (ds.field("seq") >= first)
