@@ -32,8 +32,11 @@ So a batch goes to pyarrow only if, checked over the whole batch at once:
    reads as -0.0 into a DOUBLE, the decoder as 0.0; found by the differential test), nor a run
    of more than 1,000 digits (the decoder, like Spark's parser, calls such an integer malformed;
    pyarrow reads it, as ±Infinity into a DOUBLE or silently in a field it ignores; found by a
-   break-it review) — inside strings too: an over-approximation that only sends more payloads
-   the slow way;
+   break-it review) — in fact no run of more than 500 digits, since Spark's limit counts the
+   digits on both sides of a number's point (a second review) — inside strings too: an
+   over-approximation that only sends more payloads the slow way; and no payload is longer than
+   :data:`MAX_NAME_LENGTH` bytes (only such a payload can hold a field name Spark's parser
+   refuses);
 4. no payload holds more than :data:`MAX_BRACKETS` ``{`` and ``[`` together (a bound on its
    depth, far below where Python's parser gives up with "nested too deeply");
 
@@ -60,6 +63,7 @@ _MINUS_ZERO_INTEGER = rb"-0([^.0-9eE]|$)"
 # A longer integer literal is malformed JSON (source_decode, as Spark's parser: Jackson's
 # maxNumberLength; measured on Spark 4.2, 1,000 digits parse, 1,001 make a corrupt record).
 MAX_INTEGER_DIGITS = 1000
+MAX_NAME_LENGTH = 50_000  # characters of a field name (Spark's parser; measured: 50,001 fail)
 # Each byte as its class for the screens' one pass: L a line break, D a digit, B "{" or "[".
 _CLASSES = bytes(ord("L") if b in b"\n\r" else ord("D") if b in b"0123456789"
                  else ord("B") if b in b"{[" else ord(".") for b in range(256))
@@ -134,7 +138,11 @@ def _screened(data: pa.Array) -> bool:
     if b"-0" in text and pc.any(pc.match_substring_regex(data, _MINUS_ZERO_INTEGER)).as_py():
         return False
     classes = text.translate(_CLASSES)  # one pass: line breaks, digits, brackets
-    if b"L" in classes or b"D" * (MAX_INTEGER_DIGITS + 1) in classes:
+    # A number of more than 1,000 digits, its point anywhere, holds a run of over 500.
+    if b"L" in classes or b"D" * (MAX_INTEGER_DIGITS // 2 + 1) in classes:
+        return False
+    # Only a payload this long can hold a field name longer than Spark's parser takes.
+    if pc.max(pc.binary_length(data)).as_py() > MAX_NAME_LENGTH:
         return False
     # Every payload holds at least one "{" (its first byte), so no payload holds more brackets
     # than the batch's total less n - 1; only above the bound are payloads counted one by one.

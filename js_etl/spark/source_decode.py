@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal, InvalidOperation
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -37,7 +37,7 @@ import pyarrow.compute as pc
 from js_etl.errors import JsEtlError
 from js_etl.instant import parse_instant
 from js_etl.spark import decode as reasons
-from js_etl.spark.json_batch import MAX_INTEGER_DIGITS, decode_json_batch
+from js_etl.spark.json_batch import MAX_INTEGER_DIGITS, MAX_NAME_LENGTH, decode_json_batch
 
 if TYPE_CHECKING:
     from pyspark.sql.types import DataType, StructType
@@ -120,6 +120,34 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+class _Object(dict[str, Any]):
+    """A JSON object as parsed: the last value of each name (as Spark keeps it), and every
+    (name, value) pair in order, repeats included (Spark checks each against the schema, lists
+    each among an object's keys, and writes each back into a STRING column)."""
+
+    def __init__(self, pairs: list[tuple[str, Any]]) -> None:
+        super().__init__(pairs)
+        self.pairs = pairs
+        if any(len(name) > MAX_NAME_LENGTH for name, _ in pairs):
+            raise ValueError(f"a field name of more than {MAX_NAME_LENGTH:,} characters")
+
+
+def _parse_float(text: str) -> float:
+    """A number with a fraction or an exponent; more than 1,000 digits before the exponent is
+    malformed JSON, as for integers (measured on Spark 4.2: 1,000 parse, 1,001 do not)."""
+    mantissa = text.partition("e")[0].partition("E")[0]
+    if sum(c.isdigit() for c in mantissa) > MAX_INTEGER_DIGITS:
+        raise ValueError(f"a number of more than {MAX_INTEGER_DIGITS:,} digits")
+    return float(text)
+
+
+def _loads(text: str) -> Any:
+    """``json.loads`` with Spark's parser's limits (module docstring)."""
+    with _recursion_room():
+        return json.loads(text, parse_constant=_reject_constant, parse_int=_parse_int,
+                          parse_float=_parse_float, object_pairs_hook=_Object)
+
+
 def _parse_int(digits: str) -> int:
     """An integer literal; more than 1,000 digits is malformed JSON (module docstring): the
     ValueError reaches :func:`decode_json`'s handler."""
@@ -149,8 +177,7 @@ def decode_json(payload: bytes, is_utf8: bool, schema: StructType, decode: Decod
         # of values: it says "data after the JSON value" (measured), and so does this decoder.
         return None, reasons.TRAILING
     try:
-        with _recursion_room():
-            value = json.loads(text, parse_constant=_reject_constant, parse_int=_parse_int)
+        value = _loads(text)
     except ValueError as e:
         if "Extra data" in str(e):
             return None, _trailing(text)
@@ -164,11 +191,13 @@ def decode_json(payload: bytes, is_utf8: bool, schema: StructType, decode: Decod
         return None, (f"payload is a JSON {kind}, not an object: decode.schema describes one "
                       "JSON object per message")
     try:
-        row = _convert(value, schema)
+        with _recursion_room():
+            row = _convert(value, schema)
     except _Mismatch:
         return None, f"JSON does not match decode.schema ({decode.schema})"
     if not decode.keep_raw and value and not any(k in value for k in schema.fieldNames()):
-        return None, reasons.NO_FIELD.format(", ".join(list(value)[:10]))
+        names = ", ".join(name for name, _ in cast(_Object, value).pairs[:10])
+        return None, _as_spark_text(reasons.NO_FIELD.format(names))
     return row, None
 
 
@@ -201,9 +230,9 @@ def _spark_json(value: Any) -> str:
     """A parsed JSON value written back as Spark writes a non-string value into a STRING column
     (Jackson: compact, non-ASCII as is, numbers with a fraction or exponent as Java's
     ``Double.toString``, infinities as strings; measured on Spark 4.2, Java 17)."""
-    if isinstance(value, dict):
+    if isinstance(value, _Object):
         return "{" + ",".join(f"{_spark_json(k)}:{_spark_json(v)}"
-                              for k, v in value.items()) + "}"
+                              for k, v in value.pairs) + "}"
     if isinstance(value, list):
         return "[" + ",".join(_spark_json(v) for v in value) + "]"
     if isinstance(value, float):
@@ -211,9 +240,21 @@ def _spark_json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+def _as_spark_text(text: str) -> str:
+    """``text`` as a Spark string holds it: a lone surrogate (an escape like ``\\ud800``)
+    becomes "?" (measured on Spark 4.2), which Arrow's UTF-8 also needs."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+
+
 def _java_double(x: float) -> str:
     """Java's ``Double.toString`` of ``x`` from Python's shortest digits: plain from 10^-3 to
-    10^7, else ``d.dddE<n>``; infinities as JSON strings, as Jackson writes them."""
+    10^7, else ``d.dddE<n>``; infinities as JSON strings, as Jackson writes them. Java 17's
+    digits are not always the shortest (2.82879384806159008E17, 9.999999999999999E22 for
+    1.0E23, 4.9E-324: a break-it review); those few values differ (README "Writers")."""
     if math.isinf(x):
         return '"Infinity"' if x > 0 else '"-Infinity"'
     sign, digits, exponent = Decimal(repr(x)).as_tuple()
@@ -233,7 +274,7 @@ def _trailing(text: str) -> str:
     says it: values separated by commas are counted (it counts the elements of ``[payload]``),
     anything else is trailing data."""
     try:
-        values = json.loads(f"[{text}]", parse_constant=_reject_constant, parse_int=_parse_int)
+        values = _loads(f"[{text}]")
     except (ValueError, RecursionError):
         return reasons.TRAILING
     return reasons.SEVERAL.format(len(values))
@@ -246,9 +287,16 @@ def _convert(value: Any, dt: DataType) -> Any:
     if value is None:
         return None
     if isinstance(dt, T.StructType):
-        if not isinstance(value, dict):
+        if not isinstance(value, _Object):
             raise _Mismatch
-        return {f.name: _convert(value.get(f.name), f.dataType) for f in dt.fields}
+        row = {}
+        for f in dt.fields:
+            # Every occurrence of a repeated name must fit (Spark converts each); the last wins.
+            for name, item in value.pairs:
+                if name == f.name:
+                    row[f.name] = _convert(item, f.dataType)
+            row.setdefault(f.name, None)
+        return row
     if isinstance(dt, T.ArrayType):
         if not isinstance(value, list):
             raise _Mismatch
@@ -260,12 +308,7 @@ def _convert(value: Any, dt: DataType) -> Any:
     if isinstance(dt, T.StringType):
         # Like Spark's from_json: a non-string value becomes its JSON text (non-ASCII as is), and
         # a lone surrogate (an escape like \ud800) becomes "?" (measured on Spark 4.2).
-        text = value if isinstance(value, str) else _spark_json(value)
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            text = text.encode("utf-8", "replace").decode("utf-8")
-        return text
+        return _as_spark_text(value if isinstance(value, str) else _spark_json(value))
     if isinstance(dt, T.BooleanType):
         if not isinstance(value, bool):
             raise _Mismatch
