@@ -38,7 +38,7 @@ import json
 import os
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
@@ -74,6 +74,12 @@ _TO_DATE = re.compile(r"(?is)\s*to_date\s*\(\s*`?published_at`?\s*\)\s*")
 _UTC_ZONES = {"utc", "etc/utc", "gmt", "etc/gmt", "z", "+00:00"}
 # Origin columns a partition may copy: not the ones table_keys reads from the files.
 _COPYABLE_ORIGIN = ("subject",)
+# What the columnar writer decodes as Spark does. Not SMALLINT or TINYINT: Spark's parser takes
+# 200 into a TINYINT as -56 (a break-it review), the decoders refuse it.
+_WRITABLE_TYPES = ("bigint", "int", "double", "string", "boolean")
+# What a partition column may copy: not DOUBLE (0.0 and -0.0 are one value to a filter and
+# two to a grouping, so a row went into two files: a break-it review).
+_PARTITION_TYPES = ("bigint", "int", "string", "boolean")
 _STATS_COLUMNS = ("seq", "consumer_seq", "num_delivered")
 _MAX_STRING_STAT = 32  # Delta's own writer truncates longer string statistics
 _PLAIN = re.compile(r"[0-9A-Za-z_.-]+")  # needs no escaping in a path or a URI
@@ -128,10 +134,13 @@ def config_problem(spark: SparkSession, config: JobConfig) -> str | None:
         return f"decode.format is {decode.format} (the columnar writer decodes JSON)"
     if decode.unknown_fields != "ignore":
         return "decode.unknown_fields is dead_letter"
-    if not supported(to_arrow_type(_payload_type(decode), timezone="UTC")):
-        return ("decode.schema has a type the batch JSON decoder does not cover (it covers "
-                "BIGINT, INT, SMALLINT, TINYINT, DOUBLE, STRING, BOOLEAN)")
-    copyable = {n.lower() for n in (*_payload_type(decode).fieldNames(), *_COPYABLE_ORIGIN)}
+    payload = _payload_type(decode)
+    if not (supported(to_arrow_type(payload, timezone="UTC"))
+            and all(f.dataType.simpleString() in _WRITABLE_TYPES for f in payload.fields)):
+        return (f"decode.schema has a type the columnar writer does not decode as Spark does "
+                f"(it takes {', '.join(t.upper() for t in _WRITABLE_TYPES)})")
+    copyable = {f.name.lower() for f in payload.fields
+                if f.dataType.simpleString() in _PARTITION_TYPES} | set(_COPYABLE_ORIGIN)
     zone = spark.conf.get("spark.sql.session.timeZone") or ""
     for expression in config.target.partition_by:
         name, plain = partition_column_name(expression)
@@ -151,9 +160,10 @@ def table_problem(location: str, table: TableShape, rows: StructType,
     drain's rows have, partition columns included."""
     if _local_directory(location) is None:
         return f"the table is not on the local file system ({location})"
-    if table.reader_version > 1 or table.writer_version > 2:
-        return (f"the table's protocol (reader {table.reader_version}, writer "
-                f"{table.writer_version}) has features the columnar writer does not write")
+    problem = unwritable(table.reader_version, table.writer_version, table.configuration,
+                         [f.metadata for f in table.schema.fields])
+    if problem:
+        return problem
     if [f.name for f in table.schema.fields if not f.nullable]:
         return "the table has NOT NULL columns"
     if list(table.partition_columns) != partition_columns:
@@ -163,6 +173,25 @@ def table_problem(location: str, table: TableShape, rows: StructType,
     theirs = {f.name: f.dataType.simpleString() for f in table.schema.fields}
     if ours != theirs:
         return "the table's columns differ from the rows' (schema evolution is the Spark writer's)"
+    return None
+
+
+def unwritable(reader_version: int, writer_version: int, configuration: Mapping[str, str],
+               column_metadata: Iterable[Mapping[str, Any]]) -> str | None:
+    """What of a table's protocol and rules the columnar writer would not honour, or None.
+    Checked when the writer is chosen (Spark's snapshot) and again before every commit
+    (deltalake's snapshot: another writer may add a rule during the run). The writer commits
+    files without checking their rows, so any rule on rows refuses it: a protocol above reader 1
+    / writer 2, a CHECK constraint, or column metadata other than a comment (an invariant, a
+    generation expression, a default, an identity)."""
+    if reader_version > 1 or writer_version > 2:
+        return (f"the table's protocol (reader {reader_version}, writer {writer_version}) has "
+                "features the columnar writer does not write")
+    if any(key.startswith("delta.constraints.") for key in configuration):
+        return "the table has CHECK constraints"
+    if any(set(metadata) - {"comment"} for metadata in column_metadata):
+        return ("the table has column rules (an invariant, a generated, default or identity "
+                "column)")
     return None
 
 
@@ -258,6 +287,9 @@ def fetch_decode_write(fetch: FetchPlan, plan: ColumnarPlan, round_no: int,
     good: list[pa.RecordBatch] = []
     for raw in fetch_partition(fetch, batches):
         decoded = decoder(raw)
+        # The decoder keeps a good row's payload only with keep_raw: the bytes, and a row that
+        # is parked below, take it from the pull.
+        payloads = raw.column("data")
         error = decoded.column("error")
         if plan.park_after is not None:
             delivered = decoded.column("num_delivered")
@@ -266,13 +298,11 @@ def fetch_decode_write(fetch: FetchPlan, plan: ColumnarPlan, round_no: int,
                 f" times (more than source.max_deliver {plan.park_after})", "")
             error = pc.if_else(pc.greater(delivered, plan.park_after), poison, error)
         dead = pc.is_valid(error)
-        rows = decoded.drop_columns(["error"])
-        if not plan.decode.keep_raw:
-            rows = rows.drop_columns(["data"])
-        yield _output_row(keys=_key_blob(decoded, dead))
+        rows = decoded.drop_columns(["error"] if plan.decode.keep_raw else ["error", "data"])
+        yield _output_row(keys=_key_blob(decoded, dead, payloads))
         if pc.any(dead).as_py():
             good.append(rows.filter(pc.invert(dead)))
-            yield _dead_letters(decoded.filter(dead), error.filter(dead))
+            yield _dead_letters(decoded.filter(dead), error.filter(dead), payloads.filter(dead))
         else:
             good.append(rows)  # a filter would copy every payload byte (~1 s per 400 MB)
     table = pa.Table.from_batches(good) if good else None
@@ -288,11 +318,11 @@ def fetch_decode_write(fetch: FetchPlan, plan: ColumnarPlan, round_no: int,
             yield _output_row(file=description.to_json())
 
 
-def _key_blob(decoded: pa.RecordBatch, dead: pa.Array) -> bytes:
+def _key_blob(decoded: pa.RecordBatch, dead: pa.Array, payloads: pa.Array) -> bytes:
     """The batch's KEY_SCHEMA columns as one Arrow IPC stream."""
     keys = pa.RecordBatch.from_arrays([
         decoded.column("seq"), decoded.column("consumer_seq"), decoded.column("num_delivered"),
-        dead, pc.binary_length(decoded.column("data")).cast(pa.int64())], schema=KEY_SCHEMA)
+        dead, pc.binary_length(payloads).cast(pa.int64())], schema=KEY_SCHEMA)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, KEY_SCHEMA) as writer:
         writer.write_batch(keys)
@@ -305,11 +335,12 @@ def read_key_blobs(blobs: list[bytes]) -> pa.Table:
     return pa.Table.from_batches(batches, schema=KEY_SCHEMA)
 
 
-def _dead_letters(decoded: pa.RecordBatch, error: pa.Array) -> pa.RecordBatch:
+def _dead_letters(decoded: pa.RecordBatch, error: pa.Array, payloads: pa.Array
+                  ) -> pa.RecordBatch:
     columns = {name: decoded.column(name) for name in OUTPUT_SCHEMA.names
                if name in decoded.schema.names}
-    columns["error"] = error
-    columns["_js_etl_payload_bytes"] = pc.binary_length(decoded.column("data")).cast(pa.int64())
+    columns.update({"data": payloads, "error": error,
+                     "_js_etl_payload_bytes": pc.binary_length(payloads).cast(pa.int64())})
     n = decoded.num_rows
     return pa.RecordBatch.from_arrays(
         [columns.get(f.name, pa.nulls(n, f.type)) for f in OUTPUT_SCHEMA], schema=OUTPUT_SCHEMA)
@@ -343,9 +374,10 @@ def _write(plan: ColumnarPlan, name: str, table: pa.Table) -> Iterator[WrittenFi
         part = table if len(keys) == 1 else table.filter(mask)
         partition_values = {c: _partition_text(v) for c, v in key.items()}
         safe = all(v is not None and _PLAIN.fullmatch(c) and _PLAIN.fullmatch(v)
-                   for c, v in partition_values.items())
+                   and len(c) + len(v) < 200 for c, v in partition_values.items())
         # Where a file lies does not matter to Delta (its partitionValues do): a readable
-        # directory when the values make one, else the table's top level.
+        # directory when the values make one (a file name has at most 255 bytes: Spark's own
+        # writer fails on a longer value), else the table's top level.
         directory = "/".join(f"{c}={v}" for c, v in partition_values.items()) if safe else ""
         path = f"{directory}/{name}-{i}-{uuid.uuid4().hex}.snappy.parquet".lstrip("/")
         full = os.path.join(plan.directory, path)
@@ -356,8 +388,9 @@ def _write(plan: ColumnarPlan, name: str, table: pa.Table) -> Iterator[WrittenFi
 
 
 def _partition_text(value: Any) -> str | None:
-    """A partition value as Delta writes it in ``partitionValues``."""
-    if value is None:
+    """A partition value as Delta writes it in ``partitionValues``: Spark writes an empty string
+    and Hive's null marker as null (measured: both read back as null from its table)."""
+    if value is None or value in ("", "__HIVE_DEFAULT_PARTITION__"):
         return None
     if isinstance(value, bool):
         return "true" if value else "false"

@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 import uuid
@@ -566,6 +567,7 @@ class Drain:
                 return False  # rare: Spark's path compares the dead letters it holds
             tag = CommitTag(self.config.job_id, self.run_id, round_no, self.ack_prefix, first,
                             last)
+            self._check_files(files, stats.n - stats.dead)  # before anything is committed
             if stats.dead:
                 lock.check()
                 self.report.dead_letter_versions.append(self.dead_letters.append(
@@ -573,7 +575,6 @@ class Drain:
                                                                         .isNotNull())),
                     tag, partition_by=[], merge_schema=False))
             if stats.n > stats.dead:
-                self._check_files(files, stats.n - stats.dead)
                 lock.check()
                 self.report.delta_versions.append(
                     self.target.commit_files(self.spark, directory, files, tag))
@@ -624,7 +625,9 @@ class Drain:
 
         assert self.columnar is not None
         keep = fetched.where(F.col("error").isNull()).select("seq", "consumer_seq")
-        paths = [f"file://{self.columnar.directory}/{f.path}" for f in files]
+        # Spark reads a path as a glob pattern: a table directory named t[1] matched nothing.
+        directory = re.sub(r"([\\\[\]{}*?])", r"\\\1", self.columnar.directory)
+        paths = [f"file://{directory}/{f.path}" for f in files]
         return self.spark.read.parquet(*paths).join(keep, ["seq", "consumer_seq"], "left_semi")
 
     def _remove(self, files: list[WrittenFile]) -> None:
