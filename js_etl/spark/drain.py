@@ -187,12 +187,23 @@ class Drain:
         return info
 
     def _lock_location(self) -> str:
-        if self.target.path or self.target.exists(self.spark):
-            return self.target.location(self.spark)
-        # A catalog table that does not exist yet: lock beside its dead letters, or the
-        # warehouse (documented limit: the first run of a new catalog table).
-        warehouse = self.spark.conf.get("spark.sql.warehouse.dir") or "spark-warehouse"
-        return self.dead_letters.path or f"{warehouse}/{self.target.table}"
+        """The target table's directory. A catalog table that does not exist yet is created
+        first, empty, so that every run of the job, the first one too, locks in one place (its
+        first run used to lock in the table's future directory, and Delta then refused to
+        create the table in a directory that was not empty: a break-it review)."""
+        if self.target.table and not self.target.exists(self.spark):
+            try:
+                create_empty(self.target, *self._empty_rows())
+            except Exception:
+                if not self.target.exists(self.spark):  # else another first run created it
+                    raise
+        return self.target.location(self.spark)
+
+    def _empty_rows(self) -> tuple[DataFrame, list[str]]:
+        """No rows, with the columns and the partition columns the drain writes."""
+        empty = self.decoder.flag(self.spark.createDataFrame([], RAW_DDL))
+        return with_partition_columns(self.decoder.rows(empty),
+                                      list(self.config.target.partition_by))
 
     def _run(self, js: JetStreamSession, lock: TableLock, info: ConsumerInfo,
              started: float) -> None:
@@ -290,9 +301,7 @@ class Drain:
         problem = ("target.writer is spark" if wanted == "spark"
                    else columnar.config_problem(self.spark, self.config))
         if problem is None:
-            empty = self.decoder.flag(self.spark.createDataFrame([], RAW_DDL))
-            rows, names = with_partition_columns(self.decoder.rows(empty),
-                                                 list(self.config.target.partition_by))
+            rows, names = self._empty_rows()
             if not self.target.exists(self.spark):
                 create_empty(self.target, rows, names)
             location = self.target.location(self.spark)

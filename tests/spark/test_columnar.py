@@ -405,3 +405,33 @@ def test_deltalake_checkpoints_are_read_by_spark(spark, js, names, nats_server, 
     assert rows_in_range(spark, target, names.stream, 10_000, 20_000) is None
     assert run_drain(spark, job_config("target.writer=spark")).messages_written == 200
     assert sorted(r.seq for r in target.read(spark).select("seq").collect()) == good
+
+
+@pytest.mark.parametrize("writer", ["auto", "spark"])
+def test_a_new_catalog_table_is_drained_by_its_first_run(writer, spark, js, names, nats_server,
+                                                         tmp_path):
+    """The first run of a catalog table that does not exist yet locked in the table's future
+    directory, and Delta refused to create the table there, on both writers (a break-it
+    review); the table is now created before the lock."""
+    messages, good, bad = events(names, 300, poison_every=50)
+    setup_stream(js, names, messages)
+    database = f"db_{names.consumer}"
+    spark.sql(f"CREATE DATABASE {database} LOCATION '{tmp_path / 'warehouse'}'")
+    table = f"{database}.orders"
+    job_config = load_config(None, [
+        f"nats.servers={nats_server.url}", f"source.stream={names.stream}",
+        f"source.consumer={names.consumer}", f"target.table={table}", "decode.format=json",
+        "decode.schema=id BIGINT", "fetch.pull_timeout=1",
+        "target.partition_by=[to_date(published_at) AS date]", f"target.writer={writer}"],
+        environ={})
+    try:
+        report = run_drain(spark, job_config)
+
+        assert report.writer == ("columnar" if writer == "auto" else "spark")
+        assert sorted(r.seq for r in spark.table(table).select("seq").collect()) == good
+        assert sorted(r.seq for r in spark.table(f"{table}_dead_letters")
+                      .select("seq").collect()) == bad
+        info = settled(js, names.stream, names.consumer)
+        assert (info.num_pending, info.num_ack_pending) == (0, 0)
+    finally:
+        spark.sql(f"DROP DATABASE IF EXISTS {database} CASCADE")
