@@ -191,13 +191,15 @@ def check_target_paths(config: JobConfig) -> None:
 
 
 def _drain(config: JobConfig, report_file: str | None, spark_submit: bool) -> int:
+    from js_etl.spark.columnar import expects_columnar
     from js_etl.spark.drain import run_drain
     from js_etl.spark.session import job_session
 
     check_target_paths(config)
     options = config.nats.connection_options()  # secrets resolved before Spark starts
     options.check_files()  # and credential/TLS files readable: exit 2 now, not after Spark
-    spark = job_session(config.spark, spark_submit=spark_submit)
+    spark = job_session(config.spark, spark_submit=spark_submit,
+                        columnar=expects_columnar(config))
     # SIGTERM (Airflow stopping a task, a scheduler's timeout) ends the run at the next round
     # boundary: the round in progress is committed and acked, the rest released, the lock freed.
     terminated = threading.Event()

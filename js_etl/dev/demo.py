@@ -46,6 +46,7 @@ def sample_events(n: int, *, seed: int = 7) -> list[tuple[str, bytes]]:
 
 
 def run_demo(config_path: Path, *, messages: int = 5000, keep: bool = False) -> int:
+    from js_etl.spark.columnar import expects_columnar
     from js_etl.spark.drain import run_drain
     from js_etl.spark.session import local_session
 
@@ -64,7 +65,7 @@ def run_demo(config_path: Path, *, messages: int = 5000, keep: bool = False) -> 
         print(f"published {messages} events to stream {stream}")
 
         spark = local_session(config.spark.master, "js-etl-demo", config.spark.conf,
-                              log_level="ERROR")
+                              log_level="ERROR", columnar=expects_columnar(config))
         try:
             report = run_drain(spark, config)
             table = spark.read.format("delta").load(config.target.path)

@@ -126,22 +126,67 @@ def config_problem(spark: SparkSession, config: JobConfig) -> str | None:
     """Why this job's settings need the Spark writer, or None."""
     from pyspark.sql.pandas.types import to_arrow_type
 
-    from js_etl.config import partition_column_name
     from js_etl.spark.json_batch import supported
 
+    problem = _decode_problem(config)
+    if problem:
+        return problem
+    payload = _payload_type(config.decode)
+    if not supported(to_arrow_type(payload, timezone="UTC")):
+        return _TYPES_PROBLEM
+    return _fields_problem(config, {f.name: f.dataType.simpleString() for f in payload.fields},
+                           spark.conf.get("spark.sql.session.timeZone") or "")
+
+
+def expects_columnar(config: JobConfig) -> bool:
+    """Whether a drain of ``config`` will write with the columnar writer, as far as its settings
+    tell before Spark starts (the table's rules are read later, by :func:`table_problem`): local
+    Spark starts its JVM for the writer it will serve (:func:`js_etl.spark.session.
+    local_jvm_options`). decode.schema is read without Spark, as plain ``name TYPE`` pairs
+    only; any other schema counts as no, which only starts the JVM as for Spark's writer."""
+    fields = _plain_fields(config.decode.schema or "")
+    return (config.target.writer != "spark" and _decode_problem(config) is None
+            and fields is not None
+            and _fields_problem(config, fields, config.spark.conf.get(
+                "spark.sql.session.timeZone", "UTC")) is None)
+
+
+_TYPES_PROBLEM = ("decode.schema has a type the columnar writer does not decode as Spark does "
+                  f"(it takes {', '.join(t.upper() for t in _WRITABLE_TYPES)})")
+_PLAIN_FIELD = re.compile(r"\s*(`?)([A-Za-z_][A-Za-z0-9_]*)\1\s+([A-Za-z]+)\s*")
+_PLAIN_TYPES = {"bigint": "bigint", "long": "bigint", "int": "int", "integer": "int",
+                "double": "double", "string": "string", "boolean": "boolean"}
+
+
+def _plain_fields(ddl: str) -> dict[str, str] | None:
+    """``name TYPE, ...`` as {name: Spark's simple type name}, or None for any other schema (the
+    config has refused names that differ only in case)."""
+    fields: dict[str, str] = {}
+    for part in ddl.split(","):
+        match = _PLAIN_FIELD.fullmatch(part)
+        if match is None or match[3].lower() not in _PLAIN_TYPES:
+            return None
+        fields[match[2]] = _PLAIN_TYPES[match[3].lower()]
+    return fields or None
+
+
+def _decode_problem(config: JobConfig) -> str | None:
     decode = config.decode
     if decode.format != "json":
         return f"decode.format is {decode.format} (the columnar writer decodes JSON)"
     if decode.unknown_fields != "ignore":
         return "decode.unknown_fields is dead_letter"
-    payload = _payload_type(decode)
-    if not (supported(to_arrow_type(payload, timezone="UTC"))
-            and all(f.dataType.simpleString() in _WRITABLE_TYPES for f in payload.fields)):
-        return (f"decode.schema has a type the columnar writer does not decode as Spark does "
-                f"(it takes {', '.join(t.upper() for t in _WRITABLE_TYPES)})")
-    copyable = {f.name.lower() for f in payload.fields
-                if f.dataType.simpleString() in _PARTITION_TYPES} | set(_COPYABLE_ORIGIN)
-    zone = spark.conf.get("spark.sql.session.timeZone") or ""
+    return None
+
+
+def _fields_problem(config: JobConfig, fields: Mapping[str, str], zone: str) -> str | None:
+    """The rest of :func:`config_problem`, on the payload's fields as {name: simple type}."""
+    from js_etl.config import partition_column_name
+
+    if not all(kind in _WRITABLE_TYPES for kind in fields.values()):
+        return _TYPES_PROBLEM
+    copyable = {name.lower() for name, kind in fields.items()
+                if kind in _PARTITION_TYPES} | set(_COPYABLE_ORIGIN)
     for expression in config.target.partition_by:
         name, plain = partition_column_name(expression)
         if name and plain and name.lower() in copyable:

@@ -1,0 +1,62 @@
+"""Which JVM options local Spark starts with (js_etl.spark.session.local_jvm_options), and when a
+drain's settings say it will use the columnar writer (js_etl.spark.columnar.expects_columnar):
+pure logic. tests/spark/test_local_jvm.py starts the JVMs."""
+
+from __future__ import annotations
+
+import pytest
+
+from js_etl.config import load_config
+from js_etl.spark.columnar import expects_columnar
+from js_etl.spark.session import local_jvm_options
+
+JSON_JOB = ("source.stream=S", "source.consumer=c", "target.path=/lake/t", "decode.format=json",
+            "decode.schema=id BIGINT, kind STRING, amount DOUBLE, ok BOOLEAN, n INT",
+            "target.partition_by=[to_date(published_at) AS date, kind]")
+
+
+def job(*overrides: str) -> bool:
+    return expects_columnar(load_config(None, (*JSON_JOB, *overrides), environ={}))
+
+
+def test_a_plain_json_job_expects_the_columnar_writer() -> None:
+    assert job()
+    assert job("decode.schema=`id` long, kind string, n integer")
+
+
+@pytest.mark.parametrize("override", [
+    "target.writer=spark",
+    "decode.unknown_fields=dead_letter",
+    "decode.schema=id BIGINT, at TIMESTAMP, kind STRING",  # a type it does not decode
+    "decode.schema=id BIGINT, tags ARRAY<STRING>, kind STRING",  # not plain name TYPE pairs
+    "decode.schema=id BIGINT, kind STRING, n SMALLINT",
+    "target.partition_by=[amount]",  # DOUBLE partitions are Spark's writer's
+    "target.partition_by=[year(published_at) AS y]",
+    "spark.conf.spark.sql.session.timeZone=Europe/Paris",
+])
+def test_settings_the_columnar_writer_cannot_take_expect_spark(override: str) -> None:
+    assert not job(override)
+
+
+def test_a_raw_job_expects_spark() -> None:
+    assert not expects_columnar(load_config(None, ("source.stream=S", "source.consumer=c",
+                                                   "target.path=/lake/t"), environ={}))
+
+
+def test_local_spark_uses_the_serial_collector_and_c1_only_for_the_columnar_writer() -> None:
+    assert local_jvm_options(columnar=False, environ={}).split() == [
+        "-Duser.timezone=UTC", "-XX:+UseSerialGC"]
+    assert local_jvm_options(columnar=True, environ={}).split() == [
+        "-Duser.timezone=UTC", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"]
+
+
+@pytest.mark.parametrize("variable", ["SPARK_SUBMIT_OPTS", "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS",
+                                      "JDK_JAVA_OPTIONS"])
+def test_a_collector_or_compiler_chosen_elsewhere_is_left_alone(variable: str) -> None:
+    # Two collectors stop the JVM from starting: "Multiple garbage collectors selected".
+    options = local_jvm_options(columnar=True, environ={
+        variable: "-Xss4m -XX:+UseG1GC -XX:-TieredCompilation"})
+    assert options == "-Duser.timezone=UTC"
+    assert local_jvm_options(columnar=True, environ={}, conf={
+        "spark.driver.defaultJavaOptions": "-XX:+UseParallelGC"}).split() == [
+        "-Duser.timezone=UTC", "-XX:TieredStopAtLevel=1"]
