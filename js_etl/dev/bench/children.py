@@ -125,9 +125,11 @@ class RssSampler:
         self.sample()
         with self._lock:
             peaks = {k: round(v / MiB, 1) for k, v in self._peaks.items()}
-            ours = sum(s.last_cpu - s.first_cpu for s in self._seen.values())
-            server = sum(s.last_cpu - s.first_cpu for s in self._seen.values()
-                         if s.category == "server")
+            by_kind: dict[str, float] = {}
+            for seen in self._seen.values():
+                by_kind[seen.category] = (by_kind.get(seen.category, 0.0)
+                                          + seen.last_cpu - seen.first_cpu)
+            ours = sum(by_kind.values())
             box1 = self._psutil.cpu_times()
             busy = _busy(box1) - _busy(self._box0)
             wall = time.monotonic() - self._since
@@ -135,9 +137,11 @@ class RssSampler:
         return {
             "peak_rss_mib": {k: peaks.get(k, 0.0) for k in
                              ("driver", "jvm", "workers", "total", "server")},
-            "cpu_seconds": {"ours": round(ours, 2), "server": round(server, 2),
+            "cpu_seconds": {"ours": round(ours, 2), "server": round(by_kind.get("server", 0.0), 2),
                             "box_busy": round(busy, 2), "box_available": round(wall * cpus, 2),
-                            "others": round(max(busy - ours, 0.0), 2)},
+                            "others": round(max(busy - ours, 0.0), 2),
+                            "by_kind": {kind: round(cpu, 2) for kind, cpu in sorted(
+                                by_kind.items())}},
         }
 
 

@@ -178,6 +178,11 @@ def format_results(result: dict[str, Any]) -> str:
                 writer += f" ({ours['writer_note']})"
             lines.append(f"js-etl: {writer} writer, {ours.get('rounds')} rounds; phase seconds: "
                          f"{phases}")
+        kinds = [f"{LEG_LABELS[name]} " + ", ".join(f"{kind} {cpu:.1f}" for kind, cpu in by.items())
+                 for name, leg in w["legs"].items()
+                 if (by := leg.get("cpu_seconds", {}).get("by_kind"))]
+        if kinds:
+            lines.append("CPU seconds by process kind: " + "; ".join(kinds))
     mc = result.get("memory_check")
     if mc:
         lines += ["", f"memory check: js-etl leg at N and 4xN messages of {mc['size']} B, each "
