@@ -218,6 +218,7 @@ class FetchConfig(_Section):
         ),
     )
     partition_max_bytes: int = setting(128 * MiB, byte_size())
+    partition_max_messages: int | None = setting(None, count())
     pull_timeout: float = setting(5.0, SECONDS)
 
     def _check(self) -> None:

@@ -246,7 +246,7 @@ class Drain:
                                                         report.messages_written
                                                         + report.dead_letters),
                               bytes_left=budget_left(run.max_bytes, report.bytes),
-                              released=self._released)
+                              released=self._released, columnar=self.columnar is not None)
             self._released = 0
             if size is None:
                 raise TransientError(

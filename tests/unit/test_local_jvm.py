@@ -50,6 +50,13 @@ def test_local_spark_uses_the_serial_collector_and_c1_only_for_the_columnar_writ
         "-Duser.timezone=UTC", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"]
 
 
+def test_the_users_extra_java_options_replace_js_etls() -> None:
+    from js_etl.spark.session import local_builder
+
+    options = local_builder("local[1]", "x", {"spark.driver.extraJavaOptions": "-Dx=1"})._options
+    assert options["spark.driver.extraJavaOptions"] == "-Dx=1"
+
+
 @pytest.mark.parametrize("variable", ["SPARK_SUBMIT_OPTS", "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS",
                                       "JDK_JAVA_OPTIONS"])
 def test_a_collector_or_compiler_chosen_elsewhere_is_left_alone(variable: str) -> None:

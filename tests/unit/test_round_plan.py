@@ -23,16 +23,31 @@ def info(ack_pending: int = 0, **config: Any) -> ConsumerInfo:
 
 
 def plan(consumer: ConsumerInfo, *overrides: str, messages_left: float = INF,
-         bytes_left: float = INF, released: int = 0) -> RoundSize | None:
+         bytes_left: float = INF, released: int = 0, columnar: bool = False
+         ) -> RoundSize | None:
     config = load_config(None, ["source.stream=S", "source.consumer=c", "target.path=/t",
                                 "fetch.partitions=2", "fetch.batch=1000", "fetch.max_bytes=8MiB",
                                 "fetch.partition_max_bytes=128MiB", *overrides], environ={})
     return plan_round(config, consumer, messages_left=messages_left, bytes_left=bytes_left,
-                      released=released)
+                      released=released, columnar=columnar)
 
 
 def test_unlimited_consumer_gets_the_configured_sizes():
     assert plan(info(max_ack_pending=-1)) == RoundSize(2, 1000, 8 * MiB, 2**31 - 1, 128 * MiB)
+
+
+def test_the_columnar_writers_rounds_hold_at_most_100000_messages_a_partition_by_default():
+    # The server's CPU grows with the deliveries a round holds (rounds.py says how, measured).
+    assert plan(info(max_ack_pending=-1), columnar=True) == RoundSize(
+        2, 1000, 8 * MiB, 100_000, 128 * MiB)
+    assert plan(info(max_ack_pending=-1), "fetch.partition_max_messages=7", columnar=True) \
+        == RoundSize(2, 7, 8 * MiB, 7, 128 * MiB)
+    assert plan(info(max_ack_pending=-1), "fetch.partition_max_messages=300") == RoundSize(
+        2, 300, 8 * MiB, 300, 128 * MiB)
+    # The cap is per partition (3 partitions of 10 take 30), and the headroom still bounds it.
+    three = ("fetch.partition_max_messages=10", "fetch.partitions=3")
+    assert plan(info(max_ack_pending=-1), *three).partition_messages == 10
+    assert plan(info(max_ack_pending=25), *three).partition_messages == 8
 
 
 def test_ack_pending_headroom_caps_the_round_and_the_pulls():
