@@ -8,7 +8,7 @@ import pytest
 
 from js_etl.errors import TerminalError
 from js_etl.jetstream import JsMessage
-from js_etl.spark.fetch import ARROW_SCHEMA, to_record_batch
+from js_etl.spark.fetch import ARROW_SCHEMA, binary_array, to_record_batch
 
 PREFIX = "$JS.ACK.ORDERS.drain"
 
@@ -46,3 +46,14 @@ def test_foreign_ack_subject_is_refused():
     foreign = JsMessage("orders.1", b"x", "$JS.ACK.OTHER.drain.1.1.1.0.0")
     with pytest.raises(TerminalError, match="does not start with"):
         to_record_batch([foreign], PREFIX)
+
+
+@pytest.mark.parametrize("values", [[], [b""], [b"", b"a", b""], [b"\xff\x00", "é".encode()],
+                                    [bytes(range(256)) * 17, b"{}"], [b"x" * 70_000] * 3])
+def test_binary_array_is_pyarrows_conversion(values):
+    import pyarrow as pa
+
+    built = binary_array(values)
+    built.validate(full=True)
+    assert built.equals(pa.array(values, pa.binary()))
+    assert built.to_pylist() == values
