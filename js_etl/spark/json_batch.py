@@ -30,11 +30,11 @@ So a batch goes to pyarrow only if, checked over the whole batch at once:
    trusted), starts with ``{``, ends with ``}`` and holds no ``\\n`` or ``\\r``;
 3. no payload contains ``NaN`` or ``Inf`` anywhere, nor a run of more than 1,000 digits (the
    decoder, like Spark's parser, calls such an integer malformed; pyarrow reads it, as
-   ±Infinity into a DOUBLE or silently in a field it ignores; found by a break-it review) — in fact no run of more than 500 digits, since Spark's limit counts the
-   digits on both sides of a number's point (a second review) — inside strings too: an
-   over-approximation that only sends more payloads the slow way; and no payload is longer than
-   :data:`MAX_NAME_LENGTH` bytes (only such a payload can hold a field name Spark's parser
-   refuses);
+   ±Infinity into a DOUBLE or silently in a field it ignores; found by a break-it review) — in
+   fact no run of more than 500 digits, since Spark's limit counts the digits on both sides of
+   a number's point (a second review) — inside strings too: an over-approximation that only
+   sends more payloads the slow way; and no payload is longer than :data:`MAX_NAME_LENGTH`
+   bytes (only such a payload can hold a field name Spark's parser refuses);
 4. no payload holds more than :data:`MAX_BRACKETS` ``{`` and ``[`` together (a bound on its
    depth, far below where Python's parser gives up with "nested too deeply");
 
