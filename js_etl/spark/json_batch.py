@@ -54,8 +54,6 @@ starts with ``{`` and ends with ``}``.
 
 from __future__ import annotations
 
-import math
-
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -69,6 +67,7 @@ MAX_NAME_LENGTH = 50_000  # characters of a field name (Spark's parser; measured
 # Each byte as its class for the screens' one pass: L a line break, D a digit, B "{" or "[".
 _CLASSES = bytes(ord("L") if b in b"\n\r" else ord("D") if b in b"0123456789"
                  else ord("B") if b in b"{[" else ord(".") for b in range(256))
+_MINUS_ZERO_BITS = -(2**63)  # -0.0 as int64 bits: only the sign bit (1 / x is -inf for tiny x too)
 MAX_BRACKETS = 256  # Python's parser recurses up to ~1,000 levels (sys.getrecursionlimit())
 
 
@@ -110,7 +109,7 @@ def decode_json_batch(data: pa.Array, struct: pa.DataType, *, keep_raw: bool
     columns = [table.column(i).combine_chunks() for i in range(struct.num_fields)]
     if not keep_raw and _any_all_null(columns):
         return None  # {} is a good row, {"other": 1} is not: only the decoder tells them apart
-    if any(pc.any(pc.equal(pc.divide(1.0, column), -math.inf)).as_py()  # -0.0, and only it
+    if any(pc.any(pc.equal(column.view(pa.int64()), _MINUS_ZERO_BITS)).as_py()
            for column in columns if column.type == pa.float64()):
         return None
     return pa.StructArray.from_arrays(columns, fields=list(schema))

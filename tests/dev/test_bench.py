@@ -61,11 +61,16 @@ def test_bench_quick_runs_every_leg_verified_and_reports_ratios(tmp_path):
         assert w["legs"]["js_etl"]["peak_rss_mib"]["jvm"] > 0
         assert w["legs"]["js_etl"]["peak_rss_mib"]["driver"] > 0
         assert set(w["legs"]["js_etl"]["phase_seconds"]) >= {"fetch", "write", "ack"}
+        by_kind = w["legs"]["js_etl"]["cpu_seconds"]["by_kind"]
+        assert by_kind["server"] > 0 and by_kind["workers"] > 0 and by_kind["jvm"] > 0
+        assert sum(by_kind.values()) == pytest.approx(w["legs"]["js_etl"]["cpu_seconds"]["ours"],
+                                                      abs=0.1)
         assert set(w["ratios"]) == RATIOS and set(w["targets"]) == RATIOS
         for key in RATIOS:
             assert isinstance(w["ratios"][key], float) and w["ratios"][key] > 0
     # The human table is printed too, with the client-limit path named.
     assert "js-etl / client limit" in proc.stdout
+    assert "CPU seconds by process kind: client limit " in proc.stdout
     assert "Puller.pull" in proc.stdout
 
 
