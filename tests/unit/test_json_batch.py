@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 import struct as binary
 
 import pyarrow as pa
@@ -15,7 +16,7 @@ import pyarrow.json as pj
 import pytest
 
 from js_etl.config.model import DecodeConfig
-from js_etl.spark.json_batch import MAX_BRACKETS, decode_json_batch, supported
+from js_etl.spark.json_batch import MAX_BRACKETS, _scan, decode_json_batch, supported
 from js_etl.spark.source_decode import decode_json
 
 DDL = "id BIGINT, n INT, s SMALLINT, t TINYINT, d DOUBLE, kind STRING, ok BOOLEAN"
@@ -324,3 +325,35 @@ def test_the_data_sources_batches_are_the_same_whichever_path_decodes_them(
         assert taken[-1] is not None  # the batch path did decode it
         assert columnar.equals(per_payload), (columnar.to_pylist()[:2], per_payload.to_pylist()[:2])
         assert columnar.column("error").null_count == n
+
+
+def _scan_whole(text: bytes) -> int | None:
+    """_scan's answer from the whole text at once, the obvious way."""
+    if b"NaN" in text or b"Inf" in text or b"\n" in text or b"\r" in text:
+        return None
+    if re.search(rb"[0-9]{501}", text):
+        return None
+    return text.count(b"{") + text.count(b"[")
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_chunked_scan_answers_as_the_whole_text_would(seed):
+    """Matches straddling a chunk's end are found (each chunk is read with the bytes a match
+    starting in it reaches) and no bracket is counted twice."""
+    rng = random.Random(seed)
+    parts = [b"{", b"[", b"x", b"N", b"a", b"NaN", b"Inf", b"In", b"\n", b"\r", b"7",
+             b"9" * 250, b"9" * 251, b'"', b"}"]
+    for _ in range(200):
+        text = b"".join(rng.choice(parts) for _ in range(rng.randrange(0, 60)))
+        for chunk in (1, 2, 3, 7, 64, 250, 251, 1000):
+            assert _scan(memoryview(text), chunk) == _scan_whole(text), (text, chunk)
+
+
+def test_a_long_run_or_a_word_across_the_real_chunk_boundary_is_found():
+    chunk = 1 << 20
+    for tail, expected in ((b"9" * 501, None), (b"9" * 500, 0), (b"NaN", None),
+                           (b"Inf", None), (b"\n", None)):
+        for before in range(len(tail) + 1):  # the boundary at every byte of the tail
+            text = b"x" * (chunk - before) + tail + b"x" * 10
+            assert _scan(memoryview(text)) == expected, (tail[:3], before)
+    assert _scan(memoryview(b"{" * (chunk + 5))) == chunk + 5
