@@ -77,6 +77,12 @@ _COPYABLE_ORIGIN = ("subject",)
 # What the columnar writer decodes as Spark does. Not SMALLINT or TINYINT: Spark's parser takes
 # 200 into a TINYINT as -56 (a break-it review), the decoders refuse it.
 _WRITABLE_TYPES = ("bigint", "int", "double", "string", "boolean")
+_TYPES_PROBLEM = ("decode.schema has a type the columnar writer does not decode as Spark does "
+                  f"(it takes {', '.join(t.upper() for t in _WRITABLE_TYPES)})")
+# decode.schema as expects_columnar reads it without Spark: plain `name TYPE` pairs.
+_PLAIN_FIELD = re.compile(r"\s*(`?)([A-Za-z_][A-Za-z0-9_]*)\1\s+([A-Za-z]+)\s*")
+_PLAIN_TYPES = {"bigint": "bigint", "long": "bigint", "int": "int", "integer": "int",
+                "double": "double", "string": "string", "boolean": "boolean"}
 # What a partition column may copy: not DOUBLE (0.0 and -0.0 are one value to a filter and
 # two to a grouping, so a row went into two files: a break-it review).
 _PARTITION_TYPES = ("bigint", "int", "string", "boolean")
@@ -149,13 +155,6 @@ def expects_columnar(config: JobConfig) -> bool:
             and fields is not None
             and _fields_problem(config, fields, config.spark.conf.get(
                 "spark.sql.session.timeZone", "UTC")) is None)
-
-
-_TYPES_PROBLEM = ("decode.schema has a type the columnar writer does not decode as Spark does "
-                  f"(it takes {', '.join(t.upper() for t in _WRITABLE_TYPES)})")
-_PLAIN_FIELD = re.compile(r"\s*(`?)([A-Za-z_][A-Za-z0-9_]*)\1\s+([A-Za-z]+)\s*")
-_PLAIN_TYPES = {"bigint": "bigint", "long": "bigint", "int": "int", "integer": "int",
-                "double": "double", "string": "string", "boolean": "boolean"}
 
 
 def _plain_fields(ddl: str) -> dict[str, str] | None:

@@ -41,7 +41,8 @@ So a batch goes to pyarrow only if, checked over the whole batch at once:
 and then pyarrow must return exactly n rows, (unless ``keep_raw``) none of them all null, and
 no DOUBLE value -0.0: pyarrow reads the integer ``-0`` as -0.0, the decoder as 0.0 (found by
 the differential test), and only the decoder tells ``-0`` from ``-0.0`` (checked on the
-parsed values: a search for the bytes ``-0`` took a fifth of the screens' time at 4 KiB).
+parsed values: a search for the bytes ``-0`` took about a quarter of the screens' time at
+4 KiB).
 
 Why n rows then means row i is payload i: no document can span a line break. If one were open
 at the end of line i, that line's last character ``}`` closed an inner value (a ``}`` inside a
@@ -68,9 +69,9 @@ MAX_NAME_LENGTH = 50_000  # characters of a field name (Spark's parser; measured
 _CLASSES = bytes(ord("L") if b in b"\n\r" else ord("D") if b in b"0123456789"
                  else ord("B") if b in b"{[" else ord(".") for b in range(256))
 _MINUS_ZERO_BITS = -(2**63)  # -0.0 as int64 bits: only the sign bit (1 / x is -inf for tiny x too)
-MAX_BRACKETS = 256
+MAX_BRACKETS = 256  # Python's parser recurses up to ~1,000 levels (sys.getrecursionlimit())
 _LONG_RUN = b"D" * (MAX_INTEGER_DIGITS // 2 + 1)  # in classes: a run of over 500 digits
-_SCAN_CHUNK = 1 << 20  # Python's parser recurses up to ~1,000 levels (sys.getrecursionlimit())
+_SCAN_CHUNK = 1 << 20
 
 
 def supported(struct: pa.DataType) -> bool:
