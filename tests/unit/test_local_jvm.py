@@ -67,3 +67,23 @@ def test_a_collector_or_compiler_chosen_elsewhere_is_left_alone(variable: str) -
     assert local_jvm_options(columnar=True, environ={}, conf={
         "spark.driver.defaultJavaOptions": "-XX:+UseParallelGC"}).split() == [
         "-Duser.timezone=UTC", "-XX:TieredStopAtLevel=1"]
+
+
+@pytest.mark.parametrize(("writer", "columnar"), [("auto", True), ("spark", False)])
+def test_js_etl_drain_starts_local_spark_for_the_writer_it_expects(monkeypatch, tmp_path, writer,
+                                                                   columnar):
+    import js_etl.spark.session as session
+    from js_etl import cli
+
+    class Started(Exception):
+        pass
+
+    def job_session(spark_config, *, spark_submit, columnar=False):
+        raise Started(spark_submit, columnar)
+
+    monkeypatch.setattr(session, "job_session", job_session)
+    config = load_config(None, (*JSON_JOB, f"target.path={tmp_path / 't'}",
+                                f"target.writer={writer}"), environ={})
+    with pytest.raises(Started) as started:
+        cli._drain(config, None, False)
+    assert started.value.args == (False, columnar)
