@@ -109,7 +109,10 @@ def decode_json_batch(data: pa.Array, struct: pa.DataType, *, keep_raw: bool
         return None  # over 2 GiB joined. Either way each payload is decoded by itself.
     if table.num_rows != n:
         return None
-    columns = [table.column(i).combine_chunks() for i in range(struct.num_fields)]
+    # One block makes one chunk, taken as it is: combine_chunks copies even a single chunk,
+    # every byte of a STRING column (0.25 of 4.5 CPU-s, a 100k x 4 KiB fetch task profiled).
+    columns = [c.chunk(0) if c.num_chunks == 1 else c.combine_chunks()
+               for c in (table.column(i) for i in range(struct.num_fields))]
     if not keep_raw and _any_all_null(columns):
         return None  # {} is a good row, {"other": 1} is not: only the decoder tells them apart
     if any(pc.any(pc.equal(column.view(pa.int64()), _MINUS_ZERO_BITS)).as_py()
