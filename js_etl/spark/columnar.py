@@ -166,7 +166,7 @@ def _plain_fields(ddl: str) -> dict[str, str] | None:
         if match is None or match[3].lower() not in _PLAIN_TYPES:
             return None
         fields[match[2]] = _PLAIN_TYPES[match[3].lower()]
-    return fields or None
+    return fields  # never empty: "" splits into one part, which does not match
 
 
 def _decode_problem(config: JobConfig) -> str | None:
