@@ -7,6 +7,9 @@ hands each frame to the pull as raw bytes, which buys us two things nats-py cann
 * every value of a repeated header (nats-py's parsed ``headers`` dict keeps only the last), and
 * no per-message ``Msg`` object, header dict or queue hop on the hot path.
 
+The frames of those subscriptions are also cut from the read buffer by our own parser
+(:class:`_FrameParser`), which leaves everything else to nats-py's.
+
 nats-py is pinned exactly in ``pyproject.toml`` because of this hook, and of the connect-path
 fixes below (:class:`_TcpTransport`, and ``_RawClient``'s connect overrides): every connection
 attempt, TLS handshake included, ends within ``connect_timeout``; a certificate that does not
@@ -26,6 +29,7 @@ from urllib.parse import ParseResult
 import nats.aio.client
 import nats.errors
 from nats.aio.transport import TcpTransport
+from nats.protocol.parser import AWAITING_CONTROL_LINE, MAX_CONTROL_LINE_SIZE, Parser
 
 from js_etl.errors import JsEtlError
 from js_etl.jetstream.errors import (
@@ -106,12 +110,78 @@ class _ConnectRefused(Exception):
         self.error = error
 
 
+class _FrameParser(Parser):
+    """nats-py's protocol parser with a fast path for the frames of raw sinks: ``MSG`` and
+    ``HMSG`` frames of a registered sid are cut from the read buffer and handed to the sink
+    directly, one copy of the payload each, and the buffer is trimmed once per read. Anything
+    else (another sid, ``PING``, ``INFO``, ``-ERR``, a malformed line) stops the fast path and
+    nats-py's parser reads the rest of the buffer as it always did.
+
+    Why: nats-py's parser costs a regex match, a dict of arguments, two payload copies and a
+    coroutine per frame. Measured on 4,000 frames of 256 B fed in 32 KiB reads (the pull's
+    sink included): 3.1 µs a frame with nats-py's parser, 2.1 µs with this one; a third of a
+    fetch task's CPU at 256 B is this parse. ``tests/unit/test_frame_parser.py`` checks it
+    hands over exactly what nats-py's parser does, split at every read boundary.
+    """
+
+    async def parse(self, data: bytes = b"") -> None:
+        self.buf.extend(data)
+        if self.state == AWAITING_CONTROL_LINE:
+            try:
+                with memoryview(self.buf) as view:
+                    rest_for_nats_py = self._sink_frames(view)
+            finally:  # the view released first: a viewed bytearray cannot shrink
+                del self.buf[:self._taken]
+                self._taken = 0
+            if not rest_for_nats_py:
+                return
+        await super().parse()
+
+    _taken = 0  # bytes of the buffer the sinks were handed
+
+    def _sink_frames(self, view: memoryview) -> bool:
+        """Hands the buffer's leading complete frames of raw sinks to them; returns whether
+        what follows is for nats-py's parser (rather than nothing, or an incomplete frame,
+        which waits for the next read)."""
+        buf, end = self.buf, len(self.buf)
+        sinks: dict[int, FrameSink] = self.nc.raw_sinks
+        while self._taken < end:
+            pos = self._taken
+            eol = buf.find(b"\r\n", pos, pos + MAX_CONTROL_LINE_SIZE)
+            if eol < 0:  # a line nats-py refuses as too long, or one still arriving
+                return end - pos >= MAX_CONTROL_LINE_SIZE
+            args = view[pos:eol].tobytes().split()
+            n = len(args)
+            # MSG <subject> <sid> [reply] <size> | HMSG <subject> <sid> [reply] <hsize> <size>
+            if n in (4, 5) and args[0] == b"MSG":
+                hsize, reply = b"0", args[3] if n == 5 else b""
+            elif n in (5, 6) and args[0] == b"HMSG":
+                hsize, reply = args[-2], args[3] if n == 6 else b""
+            else:
+                return True
+            if not (args[2].isdigit() and hsize.isdigit() and args[-1].isdigit()):
+                return True  # malformed: nats-py raises its ProtocolError
+            sink = sinks.get(int(args[2]))
+            header_size, size = int(hsize), int(args[-1])
+            if sink is None or header_size > size:
+                return True
+            start = eol + 2
+            if start + size + 2 > end:
+                return False
+            payload = view[start + header_size:start + size].tobytes()
+            headers = view[start:start + header_size].tobytes() if header_size else None
+            self._taken = start + size + 2  # before the sink runs, as nats-py does
+            sink(args[1], reply, payload, headers)
+        return False
+
+
 class _RawClient(nats.aio.client.Client):
     """A nats-py client that passes frames of registered sids straight to a sink, and whose
     connect attempts are bounded, verified and never downgraded (see the module docstring)."""
 
     def __init__(self, *, require_tls: bool = False) -> None:
         super().__init__()
+        self._ps = _FrameParser(self)
         self.raw_sinks: dict[int, FrameSink] = {}
         self.require_tls = require_tls
         self._first_connect = False
