@@ -202,7 +202,7 @@ def table_problem(location: str, table: TableShape, rows: StructType,
                   partition_columns: list[str]) -> str | None:
     """Why the existing table needs the Spark writer, or None; ``rows`` is the schema the
     drain's rows have, partition columns included."""
-    if _local_directory(location) is None:
+    if local_directory(location) is None:
         return f"the table is not on the local file system ({location})"
     problem = unwritable(table.reader_version, table.writer_version, table.configuration,
                          [f.metadata for f in table.schema.fields])
@@ -250,7 +250,7 @@ def columnar_plan(location: str, config: JobConfig, run_id: str) -> ColumnarPlan
         name, plain = partition_column_name(expression)
         assert name is not None  # config_problem accepted it
         partitions.append(PartitionColumn(name, copyable[name.lower()] if plain else None))
-    directory = _local_directory(location)
+    directory = local_directory(location)
     assert directory is not None  # table_problem accepted it
     return ColumnarPlan(directory, decode, _payload_type(decode).json(), tuple(partitions),
                         config.source.max_deliver, f"part-{run_id}")
@@ -288,7 +288,7 @@ def table_keys(directory: str, stream: str, first: int, last: int) -> pa.Table |
     # A Delta path is an escaped URI reference (Spark's directory for the partition value
     # "a/b c" is "kind=a%2Fb c" on disk, "kind=a%252Fb%20c" in the log); absolute when the file
     # lies elsewhere.
-    paths = [_local_directory(p) or p if ":" in p.split("/")[0]
+    paths = [local_directory(p) or p if ":" in p.split("/")[0]
              else os.path.join(directory, unquote(p))
              for p in files.filter(overlap).column("path").to_pylist()]
     if not paths:
@@ -312,7 +312,7 @@ def _computed(expression: str) -> str:
     return re.split(r"(?is)\s+AS\s+", expression)[0]
 
 
-def _local_directory(location: str) -> str | None:
+def local_directory(location: str) -> str | None:
     if location.startswith("file:"):
         return "/" + location.removeprefix("file:").lstrip("/")
     if "://" in location or ":" in location.split("/")[0]:

@@ -160,6 +160,9 @@ class DeltaTarget:
         ``(0, -1)`` for a table that does not exist yet."""
         if not self.exists(spark):
             return 0, -1
+        table = _deltalake_table(self.location(spark))
+        if table is not None:
+            return table.transaction_version(job) or 0, table.version()
         snapshot = self._snapshot(spark)
         recorded = snapshot.transactions().get(job)
         return (int(recorded.get()) if recorded.isDefined() else 0), int(snapshot.version())
@@ -326,6 +329,26 @@ def _norm_path(path: str | None) -> str:
     if text.startswith("file:"):
         text = "/" + text.removeprefix("file:").lstrip("/")
     return text if "://" in text else os.path.abspath(text)
+
+
+def _deltalake_table(location: str) -> Any:
+    """``deltalake``'s view of the latest version of a table in a local directory, or None
+    (elsewhere, or a table it cannot read): where it reads the table, it reads the same log as
+    Spark's snapshot without the Spark job that snapshot runs to gather the application
+    transactions (measured: job_round took 0.3-0.56 s a call through Spark's snapshot, 0.01 s
+    through deltalake)."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import DeltaError
+
+    from js_etl.spark.columnar import local_directory
+
+    directory = local_directory(location)
+    if directory is None:
+        return None
+    try:
+        return DeltaTable(directory)
+    except DeltaError:  # e.g. a reader feature deltalake does not support: Spark's snapshot
+        return None
 
 
 def rows_in_range(spark: SparkSession, table: DeltaTarget, stream: str, first: int,

@@ -196,6 +196,50 @@ def test_an_append_delta_skips_is_an_error_not_nothing_committed(spark, tmp_path
     assert table.read(spark).count() == 1
 
 
+def _snapshot_round(spark, target: DeltaTarget, job: str) -> tuple[int, int]:
+    """(round, version) as Delta's own Spark snapshot records them: what job_round must read."""
+    snapshot = target._snapshot(spark)
+    recorded = snapshot.transactions().get(job)
+    return (int(recorded.get()) if recorded.isDefined() else 0), int(snapshot.version())
+
+
+def test_job_round_reads_the_round_sparks_snapshot_holds(spark, tmp_path):
+    """job_round reads a local table through deltalake, without a Spark job: the same round
+    and version as Delta's snapshot after Spark's appends, another writer's commits and the
+    checkpoint Spark writes at version 10."""
+    path = tmp_path / "t"
+    table = DeltaTarget(str(path))
+    rows = spark.createDataFrame([("S", 1, 1, 1)], "stream STRING, seq BIGINT, "
+                                 "consumer_seq BIGINT, num_delivered BIGINT")
+    tag = CommitTag("js-etl:S:c", "run", 1, "$JS.ACK.S.c", 1, 1)
+    for round_no in (1, 2):
+        table.append(spark, rows, replace(tag, round=round_no), partition_by=[],
+                     merge_schema=False)
+    foreign_commits(path, 8)
+    assert table.job_round(spark, tag.job) == _snapshot_round(spark, table, tag.job) == (2, 9)
+    table.append(spark, rows, replace(tag, round=3), partition_by=[], merge_schema=False)
+    assert list((path / "_delta_log").glob("*10.checkpoint*.parquet"))
+    assert table.job_round(spark, tag.job) == _snapshot_round(spark, table, tag.job) == (3, 10)
+    assert table.job_round(spark, "another job") == (0, 10)
+
+
+def test_job_round_of_a_table_deltalake_cannot_read_comes_from_sparks_snapshot(spark, tmp_path):
+    from js_etl.spark.delta import _deltalake_table
+
+    path = tmp_path / "t"
+    spark.sql(f"CREATE TABLE delta.`{path}` (stream STRING, seq BIGINT, consumer_seq BIGINT, "
+              "num_delivered BIGINT) USING delta "
+              "TBLPROPERTIES ('delta.feature.geospatial' = 'supported')")
+    # deltalake 1.6.6 refuses it: "Feature 'geospatial' is not supported".
+    assert _deltalake_table(str(path)) is None
+    table = DeltaTarget(str(path))
+    rows = spark.createDataFrame([("S", 1, 1, 1)], "stream STRING, seq BIGINT, "
+                                 "consumer_seq BIGINT, num_delivered BIGINT")
+    table.append(spark, rows, CommitTag("js-etl:S:c", "run", 4, "$JS.ACK.S.c", 1, 1),
+                 partition_by=[], merge_schema=False)
+    assert table.job_round(spark, "js-etl:S:c") == (4, 1)
+
+
 # --- 5. the lock: right in containers, on long rounds, and checked before commits/acks --------
 def write_owner(table: Path, consumer: str, owner: LockOwner) -> Path:
     path = table / "_js_etl" / f"{consumer}.lock"
