@@ -12,10 +12,12 @@ Nothing here acks: acks come from what a Delta commit holds (see :mod:`js_etl.sp
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from array import array
 from collections import deque
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -103,7 +105,7 @@ def fetch_partition(plan: FetchPlan, batches: Iterator[pa.RecordBatch]
     context = TaskContext.get()
     index = context.partitionId() if context is not None else 0
     budget = plan.partition_messages + (1 if index < plan.extra_messages else 0)
-    with JetStreamSession(plan.options) as js:
+    with _no_cycle_collection(), JetStreamSession(plan.options) as js:
         depth = 1 if plan.priority_group else 2
         pullers = [js.puller(plan.stream, plan.consumer, priority_group=plan.priority_group)
                    for _ in range(depth)]
@@ -148,6 +150,26 @@ def fetch_partition(plan: FetchPlan, batches: Iterator[pa.RecordBatch]
                     stop = True
         finally:
             js.cancel(task for task, _ in in_flight)  # only after a failure: the attempt fails
+
+
+@contextmanager
+def _no_cycle_collection() -> Iterator[None]:
+    """Python's cycle collector off while a task pulls (and, since this is a generator, while
+    its consumer decodes and writes each batch); on again after, in this reused worker.
+
+    Why: every frame allocates a few container objects, so the collector ran ~600 times in a
+    400k-message task and took 0.42 of its 4.0 CPU-seconds at 256 B (0.13 of 3.7 at 4 KiB),
+    measured with ``gc.callbacks``. What it relies on: the fetch makes no cycles per message
+    (bytes, lists, frozen dataclasses, Arrow arrays are freed by reference counting); asyncio's
+    per-pull futures may, a few objects a pull, and are collected once the collector is back.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _nothing_left(last: AckMetadata, stop_after_seq: int) -> bool:
