@@ -435,3 +435,42 @@ def test_a_new_catalog_table_is_drained_by_its_first_run(writer, spark, js, name
         assert (info.num_pending, info.num_ack_pending) == (0, 0)
     finally:
         spark.sql(f"DROP DATABASE IF EXISTS {database} CASCADE")
+
+
+def test_a_new_path_table_is_created_as_sparks_create_would(spark, tmp_path):
+    """The drain creates a missing path table with deltalake (no Spark job): the same protocol,
+    schema and partitioning as Spark's create; and with Spark's create when the session sets
+    a default for new tables, which only Spark applies."""
+    from js_etl.spark.delta import create_empty, create_missing
+    from js_etl.spark.drain import Drain
+
+    def drain_for(path: Path) -> Drain:
+        job = load_config(None, [
+            "nats.servers=nats://127.0.0.1:1", "source.stream=S", "source.consumer=c",
+            f"target.path={path}", "decode.format=json", f"decode.schema={SCHEMA}",
+            "target.partition_by=[to_date(published_at) AS date, kind]"], environ={})
+        return Drain(spark, job, job.nats.connection_options())
+
+    def created(path: Path) -> tuple[Any, ...]:
+        actions = {k: v for a in log_actions(spark, str(path), 0) for k, v in a.items()}
+        metadata = actions["metaData"]
+        return (actions["protocol"], json.loads(metadata["schemaString"]),
+                metadata["partitionColumns"], metadata["configuration"],
+                spark.read.format("delta").load(str(path)).schema)
+
+    by_spark, by_deltalake = tmp_path / "spark", tmp_path / "deltalake"
+    create_empty(drain_for(by_spark).target, *drain_for(by_spark)._empty_rows())
+    drain = drain_for(by_deltalake)
+    create_missing(spark, drain.target, *drain._empty_rows())
+    engine = log_actions(spark, str(by_deltalake), 0)[0]["commitInfo"].get("clientVersion", "")
+    assert engine.startswith("delta-rs")  # the test exercises the path it means to
+    assert created(by_deltalake) == created(by_spark)
+
+    key = "spark.databricks.delta.properties.defaults.enableChangeDataFeed"
+    spark.conf.set(key, "true")
+    try:
+        drain = drain_for(tmp_path / "with_default")
+        create_missing(spark, drain.target, *drain._empty_rows())
+    finally:
+        spark.conf.unset(key)
+    assert created(tmp_path / "with_default")[3] == {"delta.enableChangeDataFeed": "true"}
