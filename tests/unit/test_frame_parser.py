@@ -125,7 +125,8 @@ def test_a_frame_is_handed_over_once_even_when_its_sink_raises() -> None:
 
 
 @pytest.mark.parametrize("line", [b"MSG s x 2\r\nhi\r\n", b"MSG s 1 -2\r\nhi\r\n",
-                                  b"BOGUS\r\n"])
+                                  b"BOGUS\r\n", b" MSG s 1 2\r\nhi\r\n",
+                                  b"MSG s 1 2 \r\nhi\r\n"])
 def test_a_malformed_frame_is_the_protocol_error_nats_py_raises(line: bytes) -> None:
     for parser_class in (Parser, _FrameParser):
         with pytest.raises(ProtocolError):
