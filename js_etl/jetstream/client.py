@@ -1,6 +1,6 @@
 """The NATS connection js-etl talks JetStream over.
 
-We use nats-py for what it does well (connecting, auth, TLS, reconnects, the parser) and hook
+We use nats-py for what it does well (connecting, auth, TLS, reconnects, parsing) and hook
 one private method, ``Client._process_msg``, for the subscriptions of our pulls only. That hook
 hands each frame to the pull as raw bytes, which buys us two things nats-py cannot give:
 
@@ -10,7 +10,8 @@ hands each frame to the pull as raw bytes, which buys us two things nats-py cann
 The frames of those subscriptions are also cut from the read buffer by our own parser
 (:class:`_FrameParser`), which leaves everything else to nats-py's.
 
-nats-py is pinned exactly in ``pyproject.toml`` because of this hook, and of the connect-path
+nats-py is pinned exactly in ``pyproject.toml`` because of this hook and that parser (its buffer
+and states), and of the connect-path
 fixes below (:class:`_TcpTransport`, and ``_RawClient``'s connect overrides): every connection
 attempt, TLS handshake included, ends within ``connect_timeout``; a certificate that does not
 verify, or a server without TLS when TLS is required, ends the connect at once (terminal).
