@@ -11,10 +11,10 @@ The frames of those subscriptions are also cut from the read buffer by our own p
 (:class:`_FrameParser`), which leaves everything else to nats-py's.
 
 nats-py is pinned exactly in ``pyproject.toml`` because of this hook and that parser (its buffer
-and states), and of the connect-path
-fixes below (:class:`_TcpTransport`, and ``_RawClient``'s connect overrides): every connection
-attempt, TLS handshake included, ends within ``connect_timeout``; a certificate that does not
-verify, or a server without TLS when TLS is required, ends the connect at once (terminal).
+and states), and of the connect-path fixes below (:class:`_TcpTransport`, and ``_RawClient``'s
+connect overrides): every connection attempt, TLS handshake included, ends within
+``connect_timeout``; a certificate that does not verify, or a server without TLS when TLS is
+required, ends the connect at once (terminal).
 """
 
 from __future__ import annotations
