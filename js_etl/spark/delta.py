@@ -482,41 +482,6 @@ def _merge_condition(stream: str, lo: int, hi: int) -> Column:
             & (F.col("t.stream") == F.lit(stream)) & F.col("t.seq").between(lo, hi))
 
 
-# Session settings that shape a new Delta table (default table properties, e.g.
-# spark.databricks.delta.properties.defaults.enableChangeDataFeed; the default protocol):
-# only Spark's own create applies them.
-_NEW_TABLE_SETTINGS = ("spark.databricks.delta.properties.defaults.",
-                       "spark.databricks.delta.protocol.")
-
-
-def create_missing(spark: SparkSession, table: DeltaTarget, source: DataFrame,
-                   partition_by: list[str]) -> None:
-    """Create ``table``, missing, empty, with the source's schema and partitioning, for a drain.
-
-    A table in a local directory is created by ``deltalake`` when the session has none of the
-    settings that shape a new table: the same protocol (reader 1, writer 2), schema string and
-    partition columns as Spark's create (measured with deltalake 1.6.6 and Delta 4.4, pinned by
-    tests/spark/test_columnar.py), without Spark's job (0.4-0.9 s of a first run). Elsewhere,
-    :func:`create_empty`. A table someone else created meanwhile is left as it is: the caller
-    reads its shape next."""
-    from deltalake import DeltaTable, Schema
-    from deltalake.exceptions import DeltaError
-
-    from js_etl.spark.columnar import local_directory
-
-    directory = local_directory(table.path) if table.path else None
-    if directory is None or any(key.startswith(_NEW_TABLE_SETTINGS)
-                                for key in spark.conf.getAll):
-        create_empty(table, source, partition_by)
-        return
-    try:
-        DeltaTable.create(directory, Schema.from_json(source.schema.json()),
-                          partition_by=partition_by or None, mode="ignore")
-    except DeltaError:
-        if _deltalake_table(directory) is None:  # else a concurrent first run created it
-            raise
-
-
 def create_empty(table: DeltaTarget, source: DataFrame, partition_by: list[str]) -> None:
     """Create a missing table with the source's schema (``limit(0)``: nothing is computed), so
     that even the first backfill writes through MERGE."""

@@ -94,14 +94,7 @@ from js_etl.report import LogProgress, Progress, RunReport, StopReason
 from js_etl.spark import columnar
 from js_etl.spark.columnar import ColumnarPlan, WrittenFile, fetch_decode_write
 from js_etl.spark.decode import PAYLOAD_BYTES, Decoder, with_partition_columns
-from js_etl.spark.delta import (
-    CommitTag,
-    ack_keys,
-    create_empty,
-    create_missing,
-    job_tables,
-    rows_in_range,
-)
+from js_etl.spark.delta import CommitTag, ack_keys, create_empty, job_tables, rows_in_range
 from js_etl.spark.fetch import RAW_DDL, FetchPlan, fetch_partition
 from js_etl.spark.lock import TableLock
 from js_etl.spark.rounds import (
@@ -310,7 +303,7 @@ class Drain:
         if problem is None:
             rows, names = self._empty_rows()
             if not self.target.exists(self.spark):
-                create_missing(self.spark, self.target, rows, names)
+                create_empty(self.target, rows, names)
             location = self.target.location(self.spark)
             problem = columnar.table_problem(location, self.target.shape(self.spark),
                                              rows.schema, names)
