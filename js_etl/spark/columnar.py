@@ -202,8 +202,11 @@ def table_problem(location: str, table: TableShape, rows: StructType,
                   partition_columns: list[str]) -> str | None:
     """Why the existing table needs the Spark writer, or None; ``rows`` is the schema the
     drain's rows have, partition columns included."""
-    if local_directory(location) is None:
+    directory = local_directory(location)
+    if directory is None:
         return f"the table is not on the local file system ({location})"
+    if "%" in directory:
+        return f"the table's path holds '%', which deltalake reads as an escape ({directory})"
     problem = unwritable(table.reader_version, table.writer_version, table.configuration,
                          [f.metadata for f in table.schema.fields])
     if problem:

@@ -248,6 +248,14 @@ def test_the_writer_is_chosen_before_the_first_round_and_reported(spark, js, nam
     assert (not_null.writer, not_null.writer_note) == ("spark", "the table has NOT NULL columns")
     assert not_null.messages_written == 5
 
+    # deltalake reads %20 as an escape: it would commit into, and read, "a b" (a break-it review).
+    drain("a b", "c6")
+    percent = drain("a%20b", "c7")
+    assert (percent.writer, percent.messages_written) == ("spark", 5)
+    assert "holds '%'" in (percent.writer_note or "")
+    assert spark.read.format("delta").load(str(tmp_path / "a%20b")).count() == 5
+    assert spark.read.format("delta").load(str(tmp_path / "a b")).count() == 5
+
     with pytest.raises(ConfigError, match="target.writer is columnar, but decode.format is raw"):
         drain("refused", "c5", "decode.format=raw", "decode.schema=null",
               "target.writer=columnar")
