@@ -183,10 +183,15 @@ def test_rounds_and_fence_survive_a_hundred_commits_of_another_writer(spark, js,
     assert_exactly_once(spark, js, names, table, good + [g + 300 for g in more_good], [])
 
 
+def key_row(spark) -> Any:
+    """One row with the columns an append and job_round need."""
+    return spark.createDataFrame([("S", 1, 1, 1)], "stream STRING, seq BIGINT, "
+                                 "consumer_seq BIGINT, num_delivered BIGINT")
+
+
 def test_an_append_delta_skips_is_an_error_not_nothing_committed(spark, tmp_path):
     table = DeltaTarget(str(tmp_path / "t"))
-    rows = spark.createDataFrame([("S", 1, 1, 1)], "stream STRING, seq BIGINT, "
-                                 "consumer_seq BIGINT, num_delivered BIGINT")
+    rows = key_row(spark)
     tag = CommitTag("js-etl:S:c", "run", 5, "$JS.ACK.S.c", 1, 1)
     table.append(spark, rows, tag, partition_by=[], merge_schema=False)
     assert table.job_round(spark, "js-etl:S:c")[0] == 5
@@ -209,8 +214,7 @@ def test_job_round_reads_the_round_sparks_snapshot_holds(spark, tmp_path):
     checkpoint Spark writes at version 10."""
     path = tmp_path / "t"
     table = DeltaTarget(str(path))
-    rows = spark.createDataFrame([("S", 1, 1, 1)], "stream STRING, seq BIGINT, "
-                                 "consumer_seq BIGINT, num_delivered BIGINT")
+    rows = key_row(spark)
     tag = CommitTag("js-etl:S:c", "run", 1, "$JS.ACK.S.c", 1, 1)
     for round_no in (1, 2):
         table.append(spark, rows, replace(tag, round=round_no), partition_by=[],
@@ -227,8 +231,7 @@ def test_job_round_of_a_path_with_a_percent_sign_is_sparks_not_its_unescaped_nei
         spark, tmp_path):
     """deltalake lists "a%20b" but reads a commit of "a b" (a break-it review): such a path is
     read through Spark's snapshot."""
-    rows = spark.createDataFrame([("S", 1, 1, 1)], "stream STRING, seq BIGINT, "
-                                 "consumer_seq BIGINT, num_delivered BIGINT")
+    rows = key_row(spark)
     tag = CommitTag("js-etl:S:c", "run", 3, "$JS.ACK.S.c", 1, 1)
     DeltaTarget(str(tmp_path / "a b")).append(spark, rows, tag, partition_by=[],
                                               merge_schema=False)
@@ -249,8 +252,7 @@ def test_job_round_of_a_table_deltalake_cannot_read_comes_from_sparks_snapshot(s
     # deltalake 1.6.6 refuses it: "Feature 'geospatial' is not supported".
     assert _deltalake_table(str(path)) is None
     table = DeltaTarget(str(path))
-    rows = spark.createDataFrame([("S", 1, 1, 1)], "stream STRING, seq BIGINT, "
-                                 "consumer_seq BIGINT, num_delivered BIGINT")
+    rows = key_row(spark)
     table.append(spark, rows, CommitTag("js-etl:S:c", "run", 4, "$JS.ACK.S.c", 1, 1),
                  partition_by=[], merge_schema=False)
     assert table.job_round(spark, "js-etl:S:c") == (4, 1)
