@@ -1,0 +1,95 @@
+"""How a columnar fetch task writes its Parquet files: on as the batches come, a row group at a
+time, one file per partition value, with Delta statistics over the whole file (pure pyarrow, no
+Spark, no server)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from js_etl.config import load_config
+from js_etl.spark import columnar
+from js_etl.spark.columnar import ColumnarPlan, PartitionColumn
+
+DAY_1 = datetime(2026, 11, 24, 23, 59, tzinfo=UTC)
+DAY_2 = datetime(2026, 11, 25, 0, 1, tzinfo=UTC)
+
+
+def rows(first: int, n: int, day: datetime, kind: str = "order") -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict({
+        "seq": pa.array(range(first, first + n), pa.int64()),
+        "stream": ["ORDERS"] * n,
+        "consumer_seq": pa.array(range(first + 100, first + 100 + n), pa.int64()),
+        "num_delivered": pa.array([1 + i % 3 for i in range(n)], pa.int64()),
+        "published_at": pa.array([day] * n, pa.timestamp("us", tz="UTC")),
+        "kind": [kind] * n,
+        "pad": ["x" * 1000] * n,
+    })
+
+
+def task_files(tmp_path, *partitions: PartitionColumn) -> columnar._TaskFiles:
+    decode = load_config(None, ["source.stream=S", "source.consumer=c", "target.path=/t",
+                                "decode.format=json", "decode.schema=kind STRING, pad STRING"],
+                         environ={}).decode
+    plan = ColumnarPlan(str(tmp_path), decode, "{}", partitions, None, "part-run")
+    return columnar._TaskFiles(plan, "part-run-r1-t0")
+
+
+def test_rows_are_written_a_row_group_at_a_time_and_the_statistics_cover_the_file(
+        tmp_path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(columnar, "ROW_GROUP_BYTES", rows(1, 100, DAY_1).nbytes * 2)
+    with task_files(tmp_path) as files:
+        for first in range(1, 1001, 100):
+            files.add(rows(first, 100, DAY_1))
+            # Never more than a row group's worth of rows held: the rest is in the file.
+            held = sum(f.pending_bytes for f in files._files.values())
+            assert held < columnar.ROW_GROUP_BYTES
+        (written,) = files.close()
+    parquet = pq.ParquetFile(tmp_path / written.path)
+    assert parquet.metadata.num_row_groups == 5
+    assert parquet.read().column("seq").to_pylist() == list(range(1, 1001))
+    assert written.rows == 1000 and written.partition_values == {}
+    assert written.size == (tmp_path / written.path).stat().st_size
+    assert json.loads(written.stats) == {
+        "numRecords": 1000,
+        "minValues": {"seq": 1, "consumer_seq": 101, "num_delivered": 1, "stream": "ORDERS"},
+        "maxValues": {"seq": 1000, "consumer_seq": 1100, "num_delivered": 3,
+                      "stream": "ORDERS"},
+        "nullCount": {"seq": 0, "consumer_seq": 0, "num_delivered": 0, "stream": 0}}
+
+
+def test_each_partition_value_gets_its_own_file_across_batches(tmp_path):
+    with task_files(tmp_path, PartitionColumn("date", None),
+                    PartitionColumn("kind", "kind")) as files:
+        files.add(pa.concat_batches([rows(1, 3, DAY_1), rows(4, 2, DAY_2)]))
+        files.add(pa.concat_batches([rows(6, 1, DAY_2), rows(7, 4, DAY_2, "refund")]))
+        written = {tuple(f.partition_values.values()): f for f in files.close()}
+    assert {key: json.loads(f.stats)["minValues"]["seq"] for key, f in written.items()} == {
+        ("2026-11-24", "order"): 1, ("2026-11-25", "order"): 4, ("2026-11-25", "refund"): 7}
+    day_2 = written[("2026-11-25", "order")]
+    assert day_2.path.startswith("date=2026-11-25/kind=order/part-run-r1-t0-")
+    assert pq.read_table(tmp_path / day_2.path).column("seq").to_pylist() == [4, 5, 6]
+    assert json.loads(day_2.stats)["maxValues"]["seq"] == 6 and day_2.rows == 3
+
+
+def test_a_long_stream_name_has_no_string_statistics(tmp_path):
+    batch = rows(1, 2, DAY_1)
+    batch = batch.set_column(1, "stream", pa.array(["S" * 33] * 2))
+    with task_files(tmp_path) as files:
+        files.add(batch)
+        (written,) = files.close()
+    stats = json.loads(written.stats)
+    assert "stream" not in stats["minValues"] and "stream" not in stats["maxValues"]
+    assert stats["minValues"]["seq"] == 1
+
+
+def test_a_failed_task_closes_its_files_and_names_none(tmp_path):
+    with pytest.raises(RuntimeError), task_files(tmp_path) as files:
+        files.add(rows(1, 10, DAY_1))
+        raise RuntimeError("the fetch failed")
+    (file,) = files._files.values()  # its file handle released; the file is in no answer
+    assert not file.writer.is_open
