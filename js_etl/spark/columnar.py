@@ -401,8 +401,9 @@ def _output_row(*, keys: bytes | None = None, file: str | None = None) -> pa.Rec
 
 class _TaskFiles:
     """A task's Parquet files, one per distinct partition value of its rows, written a row
-    group at a time as the batches come: a task holds at most :data:`ROW_GROUP_BYTES` of
-    decoded rows per file, not its whole share of the round.
+    group at a time as the batches come: a task holds less than :data:`ROW_GROUP_BYTES` of
+    decoded rows (over all its files; then every file writes what it holds), not its whole
+    share of the round.
 
     Why on (measured, issue 14): holding every decoded batch until the task's end made each
     batch's buffers fresh pages from the OS. pyarrow's JSON parse of 8 MB of 4 KiB payloads
@@ -439,7 +440,11 @@ class _TaskFiles:
             file = self._files.get(tuple(key.values()))
             if file is None:
                 file = self._files[tuple(key.values())] = self._open(key, rows.schema)
-            file.add(part)
+            file.pending.append(part)
+            file.pending_bytes += part.nbytes
+        if sum(file.pending_bytes for file in self._files.values()) >= ROW_GROUP_BYTES:
+            for file in self._files.values():
+                file.flush()
 
     def close(self) -> list[WrittenFile]:
         written = [file.close() for file in self._files.values()]
@@ -487,21 +492,15 @@ class _OpenFile:
         self.pending_bytes = self.rows = 0
         self.stats = _Stats()
 
-    def add(self, rows: pa.RecordBatch) -> None:
-        self.pending.append(rows)
-        self.pending_bytes += rows.nbytes
-        if self.pending_bytes >= ROW_GROUP_BYTES:
-            self._flush()
-
     def close(self) -> WrittenFile:
         import time
 
-        self._flush()
+        self.flush()
         self.writer.close()
         return WrittenFile(self.path, os.stat(self.full).st_size, self.partition_values,
                            int(time.time() * 1000), self.stats.to_json(self.rows), self.rows)
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
         if not self.pending:
             return
         group = pa.Table.from_batches(self.pending)

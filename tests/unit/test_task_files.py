@@ -76,6 +76,23 @@ def test_each_partition_value_gets_its_own_file_across_batches(tmp_path):
     assert json.loads(day_2.stats)["maxValues"]["seq"] == 6 and day_2.rows == 3
 
 
+def test_the_rows_held_are_bounded_over_all_files_not_per_file(
+        tmp_path, monkeypatch: pytest.MonkeyPatch):
+    # Many partition values must not each hold a row group's worth of rows.
+    monkeypatch.setattr(columnar, "ROW_GROUP_BYTES", rows(1, 100, DAY_1).nbytes * 3)
+    with task_files(tmp_path, PartitionColumn("kind", "kind")) as files:
+        for first in range(1, 1001, 50):
+            files.add(pa.concat_batches([rows(first, 25, DAY_1, f"k{first % 7}"),
+                                         rows(first + 25, 25, DAY_1, f"k{first % 5}")]))
+            held = sum(f.pending_bytes for f in files._files.values())
+            assert held < columnar.ROW_GROUP_BYTES
+        written = files.close()
+    assert len(written) == 7  # k0 .. k6
+    seqs = sorted(s for f in written
+                  for s in pq.read_table(tmp_path / f.path).column("seq").to_pylist())
+    assert seqs == list(range(1, 1001)) and sum(f.rows for f in written) == 1000
+
+
 def test_a_long_stream_name_has_no_string_statistics(tmp_path):
     batch = rows(1, 2, DAY_1)
     batch = batch.set_column(1, "stream", pa.array(["S" * 33] * 2))
