@@ -328,7 +328,11 @@ def fetch_decode_write(fetch: FetchPlan, plan: ColumnarPlan, round_no: int,
     """``mapInArrow`` body: the fetch (:func:`~js_etl.spark.fetch.fetch_partition`), each pulled
     batch decoded and its good rows written on into one Parquet file per partition value
     (:class:`_TaskFiles`); yields the key and dead-letter rows of every message, then one row
-    per file once all are closed."""
+    per file once all are closed.
+
+    What the round holds of a task's messages until its commit, and so what
+    fetch.partition_max_bytes bounds here, is the dead letters' payloads (in the round's
+    checkpoint): the good rows are in the files, the keys a few dozen bytes a message."""
     from pyspark import TaskContext
 
     from js_etl.spark.source_decode import BatchDecoder
@@ -336,8 +340,10 @@ def fetch_decode_write(fetch: FetchPlan, plan: ColumnarPlan, round_no: int,
     decoder = BatchDecoder.of(plan.decode, plan.payload_json)
     context = TaskContext.get()
     task = context.partitionId() if context is not None else 0
+    dead_bytes = 0
     with _TaskFiles(plan, f"{plan.file_prefix}-r{round_no}-t{task}") as files:
-        for raw in fetch_partition(fetch, batches):
+        # Late binding wanted: the fetch asks before each pull what is held by then.
+        for raw in fetch_partition(fetch, batches, held=lambda: dead_bytes):  # noqa: B023
             decoded = decoder(raw)
             # The decoder keeps a good row's payload only with keep_raw: the bytes, and a row
             # that is parked below, take it from the pull.
@@ -354,8 +360,10 @@ def fetch_decode_write(fetch: FetchPlan, plan: ColumnarPlan, round_no: int,
             yield _output_row(keys=_key_blob(decoded, dead, payloads))
             if pc.any(dead).as_py():
                 files.add(rows.filter(pc.invert(dead)))
-                yield _dead_letters(decoded.filter(dead), error.filter(dead),
-                                    payloads.filter(dead))
+                dead_letters = _dead_letters(decoded.filter(dead), error.filter(dead),
+                                             payloads.filter(dead))
+                dead_bytes += pc.sum(dead_letters.column("_js_etl_payload_bytes")).as_py()
+                yield dead_letters
             else:
                 files.add(rows)  # a filter would copy every payload byte (~1 s per 400 MB)
         written = files.close()

@@ -388,6 +388,7 @@ class Drain:
             options=self.options, stream=self.source.stream, consumer=self.source.consumer,
             ack_prefix=self.ack_prefix, batch=size.batch, max_bytes=size.max_bytes,
             partition_messages=size.partition_messages, partition_bytes=size.partition_bytes,
+            held_bytes=size.held_bytes,
             extra_messages=size.extra_messages,
             stop_after_seq=self.report.target_seq or 2**63 - 1,
             pull_timeout=self.config.fetch.pull_timeout,

@@ -16,7 +16,7 @@ import gc
 import time
 from array import array
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import accumulate
@@ -70,7 +70,8 @@ class FetchPlan:
     max_bytes: int  # bytes per pull (server-side max_bytes)
     partition_messages: int  # message budget of one partition in this round ...
     extra_messages: int  # ... plus one for partitions 0 .. extra_messages - 1
-    partition_bytes: int  # byte budget of one partition in this round (bounds executor memory)
+    partition_bytes: int  # payload bytes one partition may fetch in this round (run.max_bytes)
+    held_bytes: int  # ... and may hold until the commit (fetch.partition_max_bytes: memory)
     stop_after_seq: int  # the run's target: a partition stops once it sees a later message
     pull_timeout: float  # client deadline of one pull
     # The round's one deadline, as wall-clock epoch seconds set by the driver when the round
@@ -84,9 +85,13 @@ class FetchPlan:
     fault_seconds: float = 0.0  # ... and how long a delaying fault point waits
 
 
-def fetch_partition(plan: FetchPlan, batches: Iterator[pa.RecordBatch]
-                    ) -> Iterator[pa.RecordBatch]:
+def fetch_partition(plan: FetchPlan, batches: Iterator[pa.RecordBatch],
+                    held: Callable[[], int] | None = None) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` body over ``spark.range(partitions)``: one task per partition.
+
+    ``held``: how many payload bytes of the batches yielded so far the caller still holds,
+    checked against ``plan.held_bytes`` before every pull; by default all of them (Spark's
+    writer holds every fetched row until the round's commit).
 
     Two pulls are in flight, on two inboxes of one connection, so the server fills the next
     batch while this worker converts the last one (profiled: with one pull at a time the worker
@@ -118,7 +123,9 @@ def fetch_partition(plan: FetchPlan, batches: Iterator[pa.RecordBatch]
                 while not stop and len(in_flight) < depth:
                     # In-flight pulls count as full: as many messages as asked, max_bytes.
                     room = budget - got - sum(n for _, n in in_flight)
-                    if room <= 0 or size + len(in_flight) * plan.max_bytes >= plan.partition_bytes:
+                    coming = len(in_flight) * plan.max_bytes
+                    if (room <= 0 or size + coming >= plan.partition_bytes
+                            or (size if held is None else held()) + coming >= plan.held_bytes):
                         break
                     if time.time() >= plan.deadline:
                         stop = True  # keep the round well inside ack_wait: no redelivery

@@ -27,7 +27,8 @@ class RoundSize:
     batch: int  # messages per pull
     max_bytes: int  # bytes per pull
     partition_messages: int
-    partition_bytes: int
+    partition_bytes: int  # payload bytes one partition may fetch (its share of run.max_bytes)
+    held_bytes: int  # ... and may hold until the commit (fetch.partition_max_bytes)
     extra_messages: int = 0  # the first this many partitions may take one message more
 
 
@@ -105,8 +106,9 @@ def plan_round(config: JobConfig, info: ConsumerInfo, *, messages_left: float,
     batch = int(max(1, min(fetch.batch, partition_messages + (extra > 0),
                            _limit(consumer.max_batch))))
     max_bytes = int(min(fetch.max_bytes, _limit(consumer.max_bytes)))
-    partition_bytes = int(min(fetch.partition_max_bytes, max(bytes_left / partitions, 1)))
-    return RoundSize(partitions, batch, max_bytes, partition_messages, partition_bytes, extra)
+    partition_bytes = int(min(max(bytes_left / partitions, 1), 2**62))
+    return RoundSize(partitions, batch, max_bytes, partition_messages, partition_bytes,
+                     fetch.partition_max_bytes, extra)
 
 
 def _limit(value: int | None) -> float:

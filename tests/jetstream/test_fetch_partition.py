@@ -17,6 +17,7 @@ def plan(nats_options, stream: str, durable: str) -> FetchPlan:
     return FetchPlan(options=nats_options, stream=stream, consumer=durable,
                      ack_prefix=ack_prefix(stream, durable), batch=10, max_bytes=1 << 20,
                      partition_messages=1000, extra_messages=0, partition_bytes=1 << 30,
+                     held_bytes=1 << 30,
                      stop_after_seq=2**62, pull_timeout=5, deadline=time.time() + 60)
 
 

@@ -9,6 +9,7 @@ from js_etl.jetstream import ConsumerInfo
 from js_etl.spark.rounds import RoundSize, RoundStats, plan_round
 
 MiB = 1 << 20
+ANY = 2**62  # no run.max_bytes: a partition may fetch any number of bytes
 INF = float("inf")
 
 
@@ -33,17 +34,17 @@ def plan(consumer: ConsumerInfo, *overrides: str, messages_left: float = INF,
 
 
 def test_unlimited_consumer_gets_the_configured_sizes():
-    assert plan(info(max_ack_pending=-1)) == RoundSize(2, 1000, 8 * MiB, 2**31 - 1, 128 * MiB)
+    assert plan(info(max_ack_pending=-1)) == RoundSize(2, 1000, 8 * MiB, 2**31 - 1, ANY, 128 * MiB)
 
 
 def test_the_columnar_writers_rounds_hold_at_most_100000_messages_a_partition_by_default():
     # The server's CPU grows with the deliveries a round holds (rounds.py says how, measured).
     assert plan(info(max_ack_pending=-1), columnar=True) == RoundSize(
-        2, 1000, 8 * MiB, 100_000, 128 * MiB)
+        2, 1000, 8 * MiB, 100_000, ANY, 128 * MiB)
     assert plan(info(max_ack_pending=-1), "fetch.partition_max_messages=7", columnar=True) \
-        == RoundSize(2, 7, 8 * MiB, 7, 128 * MiB)
+        == RoundSize(2, 7, 8 * MiB, 7, ANY, 128 * MiB)
     assert plan(info(max_ack_pending=-1), "fetch.partition_max_messages=300") == RoundSize(
-        2, 300, 8 * MiB, 300, 128 * MiB)
+        2, 300, 8 * MiB, 300, ANY, 128 * MiB)
     # The cap is per partition (3 partitions of 10 take 30), and the headroom still bounds it.
     three = ("fetch.partition_max_messages=10", "fetch.partitions=3")
     assert plan(info(max_ack_pending=-1), *three).partition_messages == 10
@@ -52,7 +53,7 @@ def test_the_columnar_writers_rounds_hold_at_most_100000_messages_a_partition_by
 
 def test_ack_pending_headroom_caps_the_round_and_the_pulls():
     # 1,000 slots, 200 taken: 800 left for two partitions.
-    assert plan(info(200, max_ack_pending=1000)) == RoundSize(2, 400, 8 * MiB, 400, 128 * MiB)
+    assert plan(info(200, max_ack_pending=1000)) == RoundSize(2, 400, 8 * MiB, 400, ANY, 128 * MiB)
 
 
 def test_every_free_slot_is_used_when_they_do_not_split_evenly():
@@ -70,7 +71,7 @@ def test_released_deliveries_are_pulled_even_with_every_slot_taken():
     # The fence NAKed 300 of the 1,000 deliveries that fill every slot: the server serves its
     # redelivery queue before it checks max_ack_pending, so a round can fetch those 300.
     assert plan(info(1000, max_ack_pending=1000), released=300) == RoundSize(
-        2, 150, 8 * MiB, 150, 128 * MiB)
+        2, 150, 8 * MiB, 150, ANY, 128 * MiB)
 
 
 def test_consumer_pull_limits_cap_each_pull():
@@ -80,7 +81,7 @@ def test_consumer_pull_limits_cap_each_pull():
 
 def test_run_budgets_shrink_the_last_round():
     size = plan(info(max_ack_pending=-1), messages_left=3, bytes_left=10 * MiB)
-    assert size == RoundSize(2, 2, 8 * MiB, 1, 5 * MiB, extra_messages=1)  # 2 + 1 messages
+    assert size == RoundSize(2, 2, 8 * MiB, 1, 5 * MiB, 128 * MiB, extra_messages=1)  # 2 + 1
 
 
 def test_round_stats_count_redeliveries_dead_letters_and_bytes():

@@ -13,8 +13,8 @@ stream three times, each leg on its own fresh durable pull consumer (explicit ac
 2. **simple peer** — one process: pull, decode the JSON batch with pyarrow, write it with the
    ``deltalake`` package (``write_deltalake(mode="append")``), then ack;
 3. **js-etl** — the real drain (:func:`js_etl.spark.drain.run_drain`) into a Delta table, JSON
-   decoded on the JVM, partitioned by ``to_date(published_at) AS date``, on local Spark with
-   Spark's default 1 GiB heap (a default round fits in it: fetch.partition_max_bytes 128 MiB).
+   decoded by the writer ``target.writer: auto`` picks, partitioned by
+   ``to_date(published_at) AS date``, on local Spark with Spark's default 1 GiB heap.
    Spark start-up (and a small warm-up drain) happen before the timed section and are reported
    separately. ``--set KEY=VALUE`` changes the drain's config (the client limit follows its
    ``fetch.batch`` / ``fetch.max_bytes`` / ``fetch.partitions``).
