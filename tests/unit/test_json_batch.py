@@ -342,11 +342,20 @@ def test_the_chunked_scan_answers_as_the_whole_text_would(seed):
     starting in it reaches) and no bracket is counted twice."""
     rng = random.Random(seed)
     parts = [b"{", b"[", b"x", b"N", b"a", b"NaN", b"Inf", b"In", b"\n", b"\r", b"7",
-             b"9" * 250, b"9" * 251, b'"', b"}"]
+             b"9" * 100, b"9" * 249, b"9" * 250, b"9" * 251, b"9" * 500, b'"', b"}", b"\xdb",
+             b"\xfb", b"{" * 3]
     for _ in range(200):
         text = b"".join(rng.choice(parts) for _ in range(rng.randrange(0, 60)))
         for chunk in (1, 2, 3, 7, 64, 250, 251, 1000):
             assert _scan(memoryview(text), chunk) == _scan_whole(text), (text, chunk)
+
+
+def test_every_run_of_over_500_digits_is_found_wherever_it_starts():
+    # The runs are found from a sample every 250 bytes: every run length and offset around it.
+    for length in (250, 251, 252, 499, 500, 501, 502, 749, 750, 751, 1001):
+        for offset in range(0, 2 * 251):
+            text = b"{" + b"x" * offset + b"1" * length + b"x}"
+            assert _scan(memoryview(text)) == (None if length > 500 else 1), (length, offset)
 
 
 def test_a_long_run_or_a_word_across_the_real_chunk_boundary_is_found():
