@@ -18,7 +18,7 @@ from js_etl.jetstream.api import (
     StreamState,
 )
 from js_etl.jetstream.client import JetStreamConnection
-from js_etl.jetstream.message import JsMessage, Status, parse_headers
+from js_etl.jetstream.message import Deliveries, JsMessage, Status, parse_headers
 from js_etl.jetstream.options import ConnectionOptions, Secret, TlsOptions
 from js_etl.jetstream.pull import PriorityGroupRequest, PullEnd, Puller, PullRequest, PullResult
 from js_etl.jetstream.subjects import AckMetadata, ack_prefix, ack_subject, parse_ack_subject
@@ -26,8 +26,9 @@ from js_etl.jetstream.sync import JetStreamSession
 
 __all__ = [
     "AckMetadata", "AckPolicy", "Acker", "ConnectionOptions", "ConsumerConfig", "ConsumerInfo",
-    "DeliverPolicy", "JetStreamAdmin", "JetStreamConnection", "JetStreamSession", "JsMessage",
-    "PriorityGroupRequest", "PriorityGroupState", "PriorityPolicy", "PullEnd", "PullRequest",
-    "PullResult", "Puller", "Secret", "SequenceInfo", "Status", "StreamInfo", "StreamState",
-    "TlsOptions", "ack_prefix", "ack_subject", "parse_ack_subject", "parse_headers",
+    "DeliverPolicy", "Deliveries", "JetStreamAdmin", "JetStreamConnection", "JetStreamSession",
+    "JsMessage", "PriorityGroupRequest", "PriorityGroupState", "PriorityPolicy", "PullEnd",
+    "PullRequest", "PullResult", "Puller", "Secret", "SequenceInfo", "Status", "StreamInfo",
+    "StreamState", "TlsOptions", "ack_prefix", "ack_subject", "parse_ack_subject",
+    "parse_headers",
 ]

@@ -5,7 +5,9 @@ Ack reply subjects are taken apart and built in :mod:`js_etl.jetstream.subjects`
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import overload
 
 from js_etl.jetstream.subjects import AckMetadata, parse_ack_subject
 
@@ -68,3 +70,60 @@ class JsMessage:
     @property
     def metadata(self) -> AckMetadata:
         return parse_ack_subject(self.reply)
+
+
+class Deliveries(Sequence[JsMessage]):
+    """The messages of one pull, kept as the parser hands them over: four columns of raw bytes
+    (subjects, ack replies, payloads, header blocks), so that a pull of thousands makes no
+    object per message. Indexing and iteration make each :class:`JsMessage` on demand; a
+    columnar reader (:func:`js_etl.spark.fetch.to_record_batch`) takes the columns.
+
+    Why: measured per message, a ``JsMessage`` with its subject and reply decoded cost 0.84 µs,
+    four appends 0.13 µs, in a fetch task whose whole work was 6.7 µs a message at 256 B.
+    """
+
+    __slots__ = ("headers", "payloads", "replies", "subjects")
+
+    def __init__(self) -> None:
+        self.subjects: list[bytes] = []
+        self.replies: list[bytes] = []
+        self.payloads: list[bytes] = []
+        self.headers: list[bytes | None] = []
+
+    @classmethod
+    def of(cls, messages: Iterable[JsMessage]) -> Deliveries:
+        deliveries = cls()
+        for m in messages:
+            deliveries.append(m.subject.encode(), m.reply.encode(), m.data, m.raw_headers)
+        return deliveries
+
+    def append(self, subject: bytes, reply: bytes, payload: bytes, headers: bytes | None
+               ) -> None:
+        self.subjects.append(subject)
+        self.replies.append(reply)
+        self.payloads.append(payload)
+        self.headers.append(headers)
+
+    def __len__(self) -> int:
+        return len(self.payloads)
+
+    @overload
+    def __getitem__(self, index: int) -> JsMessage: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[JsMessage]: ...
+
+    def __getitem__(self, index: int | slice) -> JsMessage | list[JsMessage]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        return JsMessage(self.subjects[index].decode(), self.payloads[index],
+                         self.replies[index].decode(), self.headers[index])
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to any sequence of the same messages (``result.messages == []``)."""
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]  # it grows while a pull is collected
+
+    def __repr__(self) -> str:
+        return f"Deliveries({list(self)!r})"

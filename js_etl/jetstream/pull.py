@@ -53,7 +53,7 @@ from js_etl.jetstream.errors import (
     PriorityGroupError,
     PullLimitError,
 )
-from js_etl.jetstream.message import JsMessage, Status
+from js_etl.jetstream.message import Deliveries, Status
 
 PIN_HEADER = b"Nats-Pin-Id:"
 
@@ -114,7 +114,7 @@ class PullRequest:
 
 @dataclass(frozen=True, slots=True)
 class PullResult:
-    messages: list[JsMessage]
+    messages: Deliveries
     end: PullEnd
     status: Status | None = None
     bytes: int = 0  # max_bytes cost of the messages (server formula)
@@ -170,7 +170,7 @@ class _Collector:
     )
 
     def __init__(self, request: PullRequest, reply_to: bytes, done: asyncio.Future[None]) -> None:
-        self.messages: list[JsMessage] = []
+        self.messages = Deliveries()
         self.bytes = 0
         self.status: Status | None = None
         self.pin_id: str | None = None
@@ -200,7 +200,7 @@ class _Collector:
             return
         if headers and PIN_HEADER in headers:
             self.pin_id = Status.parse(headers).header("Nats-Pin-Id")
-        self.messages.append(JsMessage(subject.decode(), data, reply.decode(), headers))
+        self.messages.append(subject, reply, data, headers)
         self.bytes += len(subject) + len(reply) + len(headers or b"") + len(data)
         if self.status is not None:
             self._due -= 1

@@ -28,7 +28,7 @@ from js_etl.errors import TerminalError
 from js_etl.faults import fail_first_attempt, start_late
 from js_etl.jetstream import ConnectionOptions, JetStreamSession, PullEnd
 from js_etl.jetstream.errors import NatsUnavailableError, PullLimitError
-from js_etl.jetstream.message import JsMessage
+from js_etl.jetstream.message import Deliveries, parse_headers
 from js_etl.jetstream.pull import PriorityGroupRequest, PullResult
 from js_etl.jetstream.subjects import (
     AckMetadata,
@@ -201,12 +201,12 @@ def raise_for_pull(result: PullResult) -> None:
         raise e.with_hint("a server drops a slow consumer: lower fetch.max_bytes") from None
 
 
-def to_record_batch(messages: list[JsMessage], ack_prefix: str) -> pa.RecordBatch:
-    """Build the Arrow batch straight from the pull. The only per-message Python is gathering
-    the fields into lists; the ack subjects are split and converted by Arrow compute kernels
-    (:func:`~js_etl.jetstream.subjects.parse_ack_columns`)."""
+def to_record_batch(messages: Deliveries, ack_prefix: str) -> pa.RecordBatch:
+    """Build the Arrow batch straight from the pull's columns. The only per-message Python is
+    looking at the header blocks; the ack subjects are split and converted by Arrow compute
+    kernels (:func:`~js_etl.jetstream.subjects.parse_ack_columns`)."""
     n = len(messages)
-    replies = pa.array([m.reply for m in messages], pa.string())
+    replies = _text_array(messages.replies)
     try:
         acks = parse_ack_columns(replies, ack_prefix)
     except ForeignAckSubjectError as e:
@@ -214,16 +214,16 @@ def to_record_batch(messages: list[JsMessage], ack_prefix: str) -> pa.RecordBatc
             f"{e}: this server uses an ack subject form js-etl cannot rebuild from table rows; "
             "acks would be lost") from None
     headers: list[list[tuple[str, list[str]]] | None] = [None] * n
-    for i, m in enumerate(messages):
-        if m.raw_headers:
-            parsed = m.headers
+    for i, raw in enumerate(messages.headers):
+        if raw:
+            parsed = parse_headers(raw)
             for key in _TRANSPORT_HEADERS:
                 parsed.pop(key, None)
             headers[i] = list(parsed.items()) if parsed else None
     stream = prefix_stream(ack_prefix)
-    data = binary_array([m.data for m in messages])
+    data = binary_array(messages.payloads)
     return pa.RecordBatch.from_arrays([
-        pa.array([m.subject for m in messages], pa.string()),
+        _text_array(messages.subjects),
         pa.array([stream] * n, pa.string()),
         acks.stream_seq,
         acks.consumer_seq,
@@ -247,6 +247,16 @@ def binary_array(values: list[bytes]) -> pa.Array:
                             "lower fetch.max_bytes") from None
     return pa.Array.from_buffers(pa.binary(), len(values),
                                  [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(values))])
+
+
+def _text_array(values: list[bytes]) -> pa.Array:
+    """Subjects as a STRING array: validated by Arrow at once; a subject that is not UTF-8 (the
+    server takes any bytes but whitespace) keeps its row, its bad bytes replaced by U+FFFD."""
+    array = binary_array(values)
+    try:
+        return array.cast(pa.string())
+    except pa.ArrowInvalid:
+        return pa.array([value.decode("utf-8", "replace") for value in values], pa.string())
 
 
 def _utf8_flags(data: pa.Array) -> pa.Array:

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from js_etl.errors import TerminalError
-from js_etl.jetstream import JsMessage
+from js_etl.jetstream import Deliveries, JsMessage
 from js_etl.spark.fetch import ARROW_SCHEMA, binary_array, to_record_batch
 
 PREFIX = "$JS.ACK.ORDERS.drain"
@@ -20,8 +20,9 @@ def message(seq: int, data: bytes, headers: bytes | None = None, delivered: int 
 
 
 def test_batch_columns_come_from_the_ack_subject_and_the_frame():
-    batch = to_record_batch([message(1, b'{"a":1}', b"NATS/1.0\r\nK: 1\r\nK: 2\r\n\r\n"),
-                             message(2, b"", delivered=3)], PREFIX)
+    batch = to_record_batch(Deliveries.of([
+        message(1, b'{"a":1}', b"NATS/1.0\r\nK: 1\r\nK: 2\r\n\r\n"),
+        message(2, b"", delivered=3)]), PREFIX)
 
     assert batch.schema == ARROW_SCHEMA
     rows = batch.to_pylist()
@@ -38,14 +39,32 @@ def test_batch_columns_come_from_the_ack_subject_and_the_frame():
      [True, False, False, False, True]),  # stray bytes, an encoded surrogate, an overlong form
 ])
 def test_utf8_flag_per_payload(payloads, flags):
-    batch = to_record_batch([message(i + 1, p) for i, p in enumerate(payloads)], PREFIX)
+    batch = to_record_batch(Deliveries.of(message(i + 1, p) for i, p in enumerate(payloads)),
+                            PREFIX)
     assert batch.column("data_is_utf8").to_pylist() == flags
+
+
+def test_a_subject_that_is_not_utf8_keeps_its_row():
+    # The server takes any bytes but whitespace in a subject; the row and its payload stay.
+    deliveries = Deliveries.of([message(1, b"{}"), message(2, b"{}")])
+    deliveries.subjects[1] = b"orders.\xff"
+    batch = to_record_batch(deliveries, PREFIX)
+    assert batch.column("subject").to_pylist() == ["orders.1", "orders.\ufffd"]
+    assert batch.column("seq").to_pylist() == [1, 2]
+
+
+def test_deliveries_are_a_sequence_of_messages():
+    messages = [message(1, b"a", b"NATS/1.0\r\nK: 1\r\n\r\n"), message(2, b"b")]
+    deliveries = Deliveries.of(messages)
+    assert len(deliveries) == 2 and deliveries == messages and deliveries != messages[:1]
+    assert deliveries[-1] == messages[1] and deliveries[:1] == messages[:1]
+    assert list(deliveries) == messages and Deliveries() == []
 
 
 def test_foreign_ack_subject_is_refused():
     foreign = JsMessage("orders.1", b"x", "$JS.ACK.OTHER.drain.1.1.1.0.0")
     with pytest.raises(TerminalError, match="does not start with"):
-        to_record_batch([foreign], PREFIX)
+        to_record_batch(Deliveries.of([foreign]), PREFIX)
 
 
 @pytest.mark.parametrize("values", [[], [b""], [b"", b"a", b""], [b"\xff\x00", "é".encode()],

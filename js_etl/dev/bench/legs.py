@@ -11,7 +11,14 @@ from typing import Any
 
 from js_etl.dev.bench.settings import MiB
 from js_etl.dev.bench.verify import start_spark, table_counts, table_problems
-from js_etl.jetstream import Acker, ConnectionOptions, JetStreamConnection, PullEnd, Puller
+from js_etl.jetstream import (
+    Acker,
+    ConnectionOptions,
+    Deliveries,
+    JetStreamConnection,
+    PullEnd,
+    Puller,
+)
 from js_etl.spark.session import spark_jvm
 
 
@@ -46,7 +53,7 @@ def _nats_child(index: int, url: str, name: str, events: Any, go: Any,
 
 async def _pull_until_empty(conn: JetStreamConnection, stream: str, durable: str, batch: int,
                             max_bytes: int, pull_timeout: float,
-                            handle: Callable[[list[Any]], None] = lambda messages: None
+                            handle: Callable[[Deliveries], None] = lambda messages: None
                             ) -> dict[str, Any]:
     """Pull, ``handle`` each batch, ack it (one write + one flush), until 404."""
     puller, acker = Puller(conn, stream, durable), Acker(conn)
@@ -56,7 +63,7 @@ async def _pull_until_empty(conn: JetStreamConnection, stream: str, durable: str
         pulls += 1
         if result.messages:
             handle(result.messages)
-            received += await acker.ack([m.reply for m in result.messages])
+            received += await acker.ack([r.decode() for r in result.messages.replies])
         if result.end is PullEnd.NO_MESSAGES:
             return {"received": received, "pulls": pulls, "problems": []}
         if result.end is PullEnd.REQUESTS_PENDING:
@@ -139,19 +146,19 @@ def peer_child(index: int, url: str, stream: str, durable: str, table: str, batc
         parse = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
         writes = 0
 
-        def write(messages: list[Any]) -> None:
+        def write(messages: Deliveries) -> None:
             nonlocal writes
             n = len(messages)
-            acks = parse_ack_columns(pa.array([m.reply for m in messages], pa.string()),
+            acks = parse_ack_columns(pa.array(messages.replies, pa.binary()).cast(pa.string()),
                                      ack_prefix(stream, durable))
-            decoded = pj.read_json(pa.BufferReader(b"\n".join(m.data for m in messages)),
+            decoded = pj.read_json(pa.BufferReader(b"\n".join(messages.payloads)),
                                    parse_options=parse)
             if decoded.num_rows != n:
                 raise RuntimeError(f"pyarrow decoded {decoded.num_rows} rows from {n} messages")
             published = pc.cast(pc.divide(acks.timestamp_ns, 1000),
                                 pa.timestamp("us", tz="UTC"))
             write_deltalake(table, pa.table({
-                "subject": pa.array([m.subject for m in messages], pa.string()),
+                "subject": pa.array(messages.subjects, pa.binary()).cast(pa.string()),
                 "seq": acks.stream_seq,
                 "consumer_seq": acks.consumer_seq,
                 "num_delivered": acks.num_delivered,
