@@ -114,14 +114,16 @@ class Deliveries(Sequence[JsMessage]):
     def __getitem__(self, index: slice) -> list[JsMessage]: ...
 
     def __getitem__(self, index: int | slice) -> JsMessage | list[JsMessage]:
+        """A subject that is not UTF-8 (the server takes any bytes but whitespace) has its bad
+        bytes replaced by U+FFFD, as in the fetch's rows, rather than failing the pull."""
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
-        return JsMessage(self.subjects[index].decode(), self.payloads[index],
-                         self.replies[index].decode(), self.headers[index])
+        return JsMessage(self.subjects[index].decode("utf-8", "replace"), self.payloads[index],
+                         self.replies[index].decode("utf-8", "replace"), self.headers[index])
 
     def __eq__(self, other: object) -> bool:
-        """Equal to any sequence of the same messages (``result.messages == []``)."""
-        return isinstance(other, Sequence) and list(self) == list(other)
+        """Equal to a list of the same messages (``result.messages == []``)."""
+        return isinstance(other, Deliveries | list) and list(self) == list(other)
 
     __hash__ = None  # type: ignore[assignment]  # it grows while a pull is collected
 

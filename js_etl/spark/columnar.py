@@ -331,8 +331,9 @@ def fetch_decode_write(fetch: FetchPlan, plan: ColumnarPlan, round_no: int,
     per file once all are closed.
 
     What the round holds of a task's messages until its commit, and so what
-    fetch.partition_max_bytes bounds here, is the dead letters' payloads (in the round's
-    checkpoint): the good rows are in the files, the keys a few dozen bytes a message."""
+    fetch.partition_max_bytes bounds here, is the dead letters (their rows in the round's
+    checkpoint, payload, headers and subject counted): the good rows are in the files, the
+    keys a few dozen bytes a message."""
     from pyspark import TaskContext
 
     from js_etl.spark.source_decode import BatchDecoder
@@ -362,13 +363,13 @@ def fetch_decode_write(fetch: FetchPlan, plan: ColumnarPlan, round_no: int,
                 files.add(rows.filter(pc.invert(dead)))
                 dead_letters = _dead_letters(decoded.filter(dead), error.filter(dead),
                                              payloads.filter(dead))
-                dead_bytes += pc.sum(dead_letters.column("_js_etl_payload_bytes")).as_py()
+                dead_bytes += dead_letters.nbytes
                 yield dead_letters
             else:
                 files.add(rows)  # a filter would copy every payload byte (~1 s per 400 MB)
         written = files.close()
-    # The attempt dies with its files on disk: they must never be committed.
-    fail_first_attempt("fail_write_task", fetch.fault)
+    if written:  # the attempt dies with its files on disk: they must never be committed
+        fail_first_attempt("fail_write_task", fetch.fault)
     for description in written:
         yield _output_row(file=description.to_json())
 
@@ -426,6 +427,8 @@ class _TaskFiles:
     def __init__(self, plan: ColumnarPlan, name: str) -> None:
         self._plan, self._name = plan, name
         self._files: dict[tuple[Any, ...], _OpenFile] = {}
+        self._written: list[WrittenFile] = []
+        self._opened = 0
 
     def __enter__(self) -> _TaskFiles:
         return self
@@ -447,6 +450,8 @@ class _TaskFiles:
             part = rows if len(keys) == 1 else rows.filter(_matching(values, key))
             file = self._files.get(tuple(key.values()))
             if file is None:
+                if len(self._files) >= MAX_OPEN_FILES:  # a file handle each: close them all
+                    self._close_open()
                 file = self._files[tuple(key.values())] = self._open(key, rows.schema)
             file.pending.append(part)
             file.pending_bytes += part.nbytes
@@ -455,9 +460,13 @@ class _TaskFiles:
                 file.flush()
 
     def close(self) -> list[WrittenFile]:
-        written = [file.close() for file in self._files.values()]
+        """Every file closed: what the task wrote."""
+        self._close_open()
+        return self._written
+
+    def _close_open(self) -> None:
+        self._written += [file.close() for file in self._files.values()]
         self._files.clear()
-        return written
 
     def _open(self, key: dict[str, Any], schema: pa.Schema) -> _OpenFile:
         partition_values = {c: _partition_text(v) for c, v in key.items()}
@@ -467,7 +476,8 @@ class _TaskFiles:
         # directory when the values make one (a file name has at most 255 bytes: Spark's own
         # writer fails on a longer value), else the table's top level.
         directory = "/".join(f"{c}={v}" for c, v in partition_values.items()) if safe else ""
-        path = (f"{directory}/{self._name}-{len(self._files)}-{uuid.uuid4().hex}"
+        self._opened += 1
+        path = (f"{directory}/{self._name}-{self._opened}-{uuid.uuid4().hex}"
                 ".snappy.parquet").lstrip("/")
         return _OpenFile(self._plan.directory, path, partition_values, schema)
 
@@ -480,9 +490,13 @@ def _matching(values: dict[str, pa.Array], key: dict[str, Any]) -> pa.Array:
     return mask
 
 
-# Decoded rows a file holds before it writes them as one row group. Large enough for row groups
-# a reader skips and decodes well; small enough that the buffers are reused (see _TaskFiles).
+# Decoded rows a task holds before its files write them as row groups. Large enough for row
+# groups a reader skips and decodes well; small enough that the buffers are reused (_TaskFiles).
 ROW_GROUP_BYTES = 32 << 20
+# Files a task keeps open (a file handle each, against the process's limit, often 1,024): a task
+# whose rows have more partition values closes them all and opens new ones, so a value may get
+# several files, as it would from several tasks.
+MAX_OPEN_FILES = 100
 
 
 class _OpenFile:
@@ -536,7 +550,6 @@ class _Stats:
         self.minimum: dict[str, Any] = {}
         self.maximum: dict[str, Any] = {}
         self.nulls = dict.fromkeys((*_STATS_COLUMNS, "stream"), 0)
-        self.long_stream = False
 
     def add(self, group: pa.Table) -> None:
         for name in self.nulls:
@@ -545,15 +558,13 @@ class _Stats:
             low, high = (v.as_py() for v in pc.min_max(column).values())
             if low is None:
                 continue
-            if name == "stream" and len(high) > _MAX_STRING_STAT:
-                self.long_stream = True
             self.minimum[name] = min(low, self.minimum.get(name, low))
             self.maximum[name] = max(high, self.maximum.get(name, high))
 
     def to_json(self, rows: int) -> str:
         minimum, maximum = dict(self.minimum), dict(self.maximum)
-        if self.long_stream:
-            minimum.pop("stream", None), maximum.pop("stream", None)
+        if len(maximum.get("stream", "")) > _MAX_STRING_STAT:
+            minimum.pop("stream"), maximum.pop("stream")
         return json.dumps({"numRecords": rows, "minValues": minimum, "maxValues": maximum,
                            "nullCount": self.nulls}, separators=(",", ":"))
 

@@ -51,6 +51,9 @@ def test_a_subject_that_is_not_utf8_keeps_its_row():
     batch = to_record_batch(deliveries, PREFIX)
     assert batch.column("subject").to_pylist() == ["orders.1", "orders.\ufffd"]
     assert batch.column("seq").to_pylist() == [1, 2]
+    # The last message's metadata decides whether the fetch pulls again (a break-it review).
+    assert deliveries[-1].subject == "orders.\ufffd"
+    assert deliveries[-1].metadata.stream_seq == 2
 
 
 def test_deliveries_are_a_sequence_of_messages():
@@ -59,6 +62,7 @@ def test_deliveries_are_a_sequence_of_messages():
     assert len(deliveries) == 2 and deliveries == messages and deliveries != messages[:1]
     assert deliveries[-1] == messages[1] and deliveries[:1] == messages[:1]
     assert list(deliveries) == messages and Deliveries() == []
+    assert Deliveries() != "" and Deliveries() != ()  # a list of messages, not any sequence
 
 
 def test_foreign_ack_subject_is_refused():
