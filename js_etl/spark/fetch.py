@@ -70,7 +70,7 @@ class FetchPlan:
     max_bytes: int  # bytes per pull (server-side max_bytes)
     partition_messages: int  # message budget of one partition in this round ...
     extra_messages: int  # ... plus one for partitions 0 .. extra_messages - 1
-    partition_bytes: int  # payload bytes one partition may fetch in this round (run.max_bytes)
+    partition_bytes: int  # bytes one partition may fetch in this round (its run.max_bytes share)
     held_bytes: int  # ... and may hold until the commit (fetch.partition_max_bytes: memory)
     stop_after_seq: int  # the run's target: a partition stops once it sees a later message
     pull_timeout: float  # client deadline of one pull
@@ -89,8 +89,8 @@ def fetch_partition(plan: FetchPlan, batches: Iterator[pa.RecordBatch],
                     held: Callable[[], int] | None = None) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` body over ``spark.range(partitions)``: one task per partition.
 
-    ``held``: how many payload bytes of the batches yielded so far the caller still holds,
-    checked against ``plan.held_bytes`` before every pull; by default all of them (Spark's
+    ``held``: how many bytes of the batches yielded so far the caller still holds, checked
+    against ``plan.held_bytes`` before every pull; by default all the pulls' bytes (Spark's
     writer holds every fetched row until the round's commit).
 
     Two pulls are in flight, on two inboxes of one connection, so the server fills the next
@@ -250,8 +250,9 @@ def binary_array(values: list[bytes]) -> pa.Array:
 
 
 def _text_array(values: list[bytes]) -> pa.Array:
-    """Subjects as a STRING array: validated by Arrow at once; a subject that is not UTF-8 (the
-    server takes any bytes but whitespace) keeps its row, its bad bytes replaced by U+FFFD."""
+    """Subjects (and ack replies) as a STRING array, validated by Arrow at once; a subject that
+    is not UTF-8 (the server takes any bytes but whitespace) keeps its row, its bad bytes
+    replaced by U+FFFD."""
     array = binary_array(values)
     try:
         return array.cast(pa.string())

@@ -27,7 +27,7 @@ class RoundSize:
     batch: int  # messages per pull
     max_bytes: int  # bytes per pull
     partition_messages: int
-    partition_bytes: int  # payload bytes one partition may fetch (its share of run.max_bytes)
+    partition_bytes: int  # bytes one partition may fetch (its share of run.max_bytes)
     held_bytes: int  # ... and may hold until the commit (fetch.partition_max_bytes)
     extra_messages: int = 0  # the first this many partitions may take one message more
 
