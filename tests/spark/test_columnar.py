@@ -166,8 +166,8 @@ def test_partition_max_bytes_counts_what_a_round_holds_the_dead_letters_for_the_
     # columnar writer's good rows.
     add_stream(js, names)
     pad = "x" * 1000
-    good = [json.dumps({"id": i, "kind": pad}).encode() for i in range(200)]
-    dead = [json.dumps({"id": i, "n": pad}).encode() for i in range(200)]  # a string into INT
+    good = [json.dumps({"id": i, "kind": pad}).encode() for i in range(100)]
+    dead = [json.dumps({"id": i, "n": pad}).encode() for i in range(100)]  # a string into INT
     small = ("fetch.batch=6", "fetch.max_bytes=8KiB", "fetch.partition_max_bytes=16KiB")
     # The most messages one round can hold on 2 partitions: each sends no pull once it holds
     # 16 KiB, counting its (at most two) pulls in flight as 8 KiB each.
@@ -178,21 +178,21 @@ def test_partition_max_bytes_counts_what_a_round_holds_the_dead_letters_for_the_
         names, nats_server.url, tmp_path / writer, f"{names.consumer}_{writer}",
         f"target.writer={writer}", *small)) for writer in ("columnar", "spark")}
     assert reports["columnar"].writer == "columnar"
-    assert [(r.messages_written, r.dead_letters) for r in reports.values()] == [(200, 0)] * 2
+    assert [(r.messages_written, r.dead_letters) for r in reports.values()] == [(100, 0)] * 2
     assert max(round_rows(spark, tmp_path / "spark", reports["spark"].delta_versions)) <= most
     # A no_wait pull is refused (408 Requests Pending, which ends the partition's round) only
     # while fewer messages are pending than the batches asked before it (nats-server
     # processNextMsgRequest): here 4 x 6, so the first round takes all but at most 24.
     first = round_rows(spark, tmp_path / "columnar", reports["columnar"].delta_versions)[0]
-    assert first >= 200 - 24 > most
+    assert first >= 100 - 24 > most
 
     publish_and_wait(js, names, [(f"{names.prefix}.e", p) for p in dead])
     report = run_drain(spark, config(names, nats_server.url, tmp_path / "columnar",
                                      f"{names.consumer}_columnar", *small))
-    assert (report.writer, report.messages_written, report.dead_letters) == ("columnar", 0, 200)
+    assert (report.writer, report.messages_written, report.dead_letters) == ("columnar", 0, 100)
     dead_rounds = round_rows(spark, tmp_path / "columnar_dead_letters",
                              report.dead_letter_versions)
-    assert sum(dead_rounds) == 200 and max(dead_rounds) <= most
+    assert sum(dead_rounds) == 100 and max(dead_rounds) <= most
 
 
 def test_a_columnar_round_commits_with_the_jobs_transaction_tag_and_seq_statistics(
