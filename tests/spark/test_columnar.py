@@ -168,7 +168,9 @@ def test_partition_max_bytes_counts_what_a_round_holds_the_dead_letters_for_the_
     pad = "x" * 1000
     good = [json.dumps({"id": i, "kind": pad}).encode() for i in range(100)]
     dead = [json.dumps({"id": i, "n": pad}).encode() for i in range(100)]  # a string into INT
-    small = ("fetch.batch=6", "fetch.max_bytes=8KiB", "fetch.partition_max_bytes=16KiB")
+    # A pull that ends at its deadline ends its partition's round: 10 s, not 2, on a busy box.
+    small = ("fetch.batch=6", "fetch.max_bytes=8KiB", "fetch.partition_max_bytes=16KiB",
+             "fetch.pull_timeout=10")
     # The most messages one round can hold on 2 partitions: each sends no pull once it holds
     # 16 KiB, counting its (at most two) pulls in flight as 8 KiB each.
     most = 2 * (16 + 8) * 1024 // len(good[0])
