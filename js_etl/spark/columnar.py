@@ -453,8 +453,7 @@ class _TaskFiles:
                 if len(self._files) >= MAX_OPEN_FILES:  # a file handle each: close them all
                     self._close_open()
                 file = self._files[tuple(key.values())] = self._open(key, rows.schema)
-            file.pending.append(part)
-            file.pending_bytes += part.nbytes
+            file.hold(part)
         if sum(file.pending_bytes for file in self._files.values()) >= ROW_GROUP_BYTES:
             for file in self._files.values():
                 file.flush()
@@ -510,9 +509,13 @@ class _OpenFile:
         self.full = os.path.join(directory, path)
         os.makedirs(os.path.dirname(self.full), exist_ok=True)
         self.writer = pq.ParquetWriter(self.full, schema, compression="snappy")
-        self.pending: list[pa.RecordBatch] = []
-        self.pending_bytes = self.rows = 0
+        self.pending: list[pa.RecordBatch] = []  # rows not yet written
+        self.pending_bytes = 0
         self.stats = _Stats()
+
+    def hold(self, rows: pa.RecordBatch) -> None:
+        self.pending.append(rows)
+        self.pending_bytes += rows.nbytes
 
     def close(self) -> WrittenFile:
         import time
@@ -520,7 +523,7 @@ class _OpenFile:
         self.flush()
         self.writer.close()
         return WrittenFile(self.path, os.stat(self.full).st_size, self.partition_values,
-                           int(time.time() * 1000), self.stats.to_json(self.rows), self.rows)
+                           int(time.time() * 1000), self.stats.to_json(), self.stats.rows)
 
     def flush(self) -> None:
         if not self.pending:
@@ -528,7 +531,6 @@ class _OpenFile:
         group = pa.Table.from_batches(self.pending)
         self.writer.write_table(group, row_group_size=group.num_rows)
         self.stats.add(group)
-        self.rows += group.num_rows
         self.pending, self.pending_bytes = [], 0
 
 
@@ -543,15 +545,18 @@ def _partition_text(value: Any) -> str | None:
 
 
 class _Stats:
-    """Delta statistics of a file, gathered a row group at a time: min, max and nulls of the key
-    columns (what data skipping on a round's ``seq`` range needs); ``stream`` too when short."""
+    """Delta statistics of a file, gathered a row group at a time: its rows, and min, max and
+    nulls of the key columns (what data skipping on a round's ``seq`` range needs); ``stream``
+    too when short."""
 
     def __init__(self) -> None:
+        self.rows = 0
         self.minimum: dict[str, Any] = {}
         self.maximum: dict[str, Any] = {}
         self.nulls = dict.fromkeys((*_STATS_COLUMNS, "stream"), 0)
 
     def add(self, group: pa.Table) -> None:
+        self.rows += group.num_rows
         for name in self.nulls:
             column = group.column(name)
             self.nulls[name] += column.null_count
@@ -561,11 +566,11 @@ class _Stats:
             self.minimum[name] = min(low, self.minimum.get(name, low))
             self.maximum[name] = max(high, self.maximum.get(name, high))
 
-    def to_json(self, rows: int) -> str:
+    def to_json(self) -> str:
         minimum, maximum = dict(self.minimum), dict(self.maximum)
         if len(maximum.get("stream", "")) > _MAX_STRING_STAT:
             minimum.pop("stream"), maximum.pop("stream")
-        return json.dumps({"numRecords": rows, "minValues": minimum, "maxValues": maximum,
+        return json.dumps({"numRecords": self.rows, "minValues": minimum, "maxValues": maximum,
                            "nullCount": self.nulls}, separators=(",", ":"))
 
 

@@ -71,6 +71,7 @@ _CLASSES = bytes(ord("D") if b in b"0123456789" else ord(".") for b in range(256
 _MINUS_ZERO_BITS = -(2**63)  # -0.0 as int64 bits: only the sign bit (1 / x is -inf for tiny x too)
 MAX_BRACKETS = 256  # Python's parser recurses up to ~1,000 levels (sys.getrecursionlimit())
 _LONG_RUN = b"D" * (MAX_INTEGER_DIGITS // 2 + 1)  # in classes: a run of over 500 digits
+_STEP = len(_LONG_RUN) // 2  # 250: the sample's stride (_may_hold_long_run)
 _SCAN_CHUNK = 1 << 20
 
 
@@ -185,9 +186,6 @@ def _scan(text: memoryview, chunk: int = _SCAN_CHUNK) -> int | None:
         np.bitwise_and(own, 0xDF, out=folded[:n])
         brackets += int(np.count_nonzero(np.equal(folded[:n], 0x5B, out=flags[:n])))
     return brackets
-
-
-_STEP = len(_LONG_RUN) // 2  # 250
 
 
 def _may_hold_long_run(piece: bytes) -> bool:
