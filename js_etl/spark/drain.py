@@ -110,6 +110,7 @@ from js_etl.spark.rounds import (
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
 log = logging.getLogger("js_etl.drain")
 
@@ -301,12 +302,14 @@ class Drain:
         problem = ("target.writer is spark" if wanted == "spark"
                    else columnar.config_problem(self.spark, self.config))
         if problem is None:
-            rows, names = self._empty_rows()
-            if not self.target.exists(self.spark):
-                create_empty(self.target, rows, names)
+            # A catalog table exists by now (_lock_location): a path is the table's location.
             location = self.target.location(self.spark)
-            problem = columnar.table_problem(location, self.target.shape(self.spark),
-                                             rows.schema, names)
+            problem = columnar.location_problem(location)
+        if problem is None:
+            rows, names = columnar.row_schema(self.config)
+            if not self.target.exists(self.spark):
+                self._create_for_columnar(location, rows, names)
+            problem = columnar.table_problem(self.target.shape(self.spark), rows, names)
         if problem is None:
             self.columnar = columnar.columnar_plan(location, self.config, self.run_id)
             self.report.writer = "columnar"
@@ -316,6 +319,25 @@ class Drain:
         else:
             log.info("writing with Spark, not the columnar writer: %s", problem)
             self.report.writer_note = problem
+
+    def _create_for_columnar(self, location: str, rows: StructType, names: list[str]) -> None:
+        """Create the missing table the columnar writer is to write: by deltalake, which commits
+        its rounds (:func:`columnar.create_table`), unless the session sets defaults for new
+        Delta tables (``spark.databricks.delta.properties.defaults.*``: column mapping,
+        deletion vectors...), which only Spark's creation applies, and the table they make may
+        need the Spark writer."""
+        defaults = [key for key in self.spark.conf.getAll
+                    if key.startswith("spark.databricks.delta.properties.defaults.")]
+        try:
+            if defaults:
+                create_empty(self.target, self.spark.createDataFrame([], rows), names)
+            else:
+                directory = columnar.local_directory(location)
+                assert directory is not None  # location_problem accepted it
+                columnar.create_table(directory, rows, names)
+        except Exception:
+            if not self.target.exists(self.spark):  # else another first run created it
+                raise
 
     # --- fence ------------------------------------------------------------------------------
     def _fence(self, js: JetStreamSession, info: ConsumerInfo, lock: TableLock) -> None:

@@ -23,7 +23,13 @@ from js_etl.errors import ConfigError, TerminalError, TransientError
 from js_etl.jetstream import ConsumerConfig
 from js_etl.spark import columnar
 from js_etl.spark.columnar import WrittenFile
-from js_etl.spark.delta import CommitTag, DeltaTarget, log_actions, rows_in_range
+from js_etl.spark.delta import (
+    CommitTag,
+    DeltaTarget,
+    create_empty,
+    log_actions,
+    rows_in_range,
+)
 from js_etl.spark.drain import run_drain
 
 pytestmark = pytest.mark.slow
@@ -150,6 +156,40 @@ def test_both_writers_write_the_same_rows_and_dead_letters(partition_by, spark, 
     for writer in ("spark", "columnar"):
         info = settled(js, names.stream, f"{names.consumer}_{writer}")
         assert (info.num_pending, info.num_ack_pending) == (0, 0)
+
+
+@pytest.mark.parametrize(("schema", "keep_raw", "partition_by"), [
+    (SCHEMA, False, "[]"),
+    (SCHEMA, True, "[to_date(published_at) AS date, kind]"),
+    ("`Id` LONG, Kind STRING, flag BOOLEAN", False, "[KIND, subject, to_date(published_at) AS d]"),
+    ("id INTEGER, amount DOUBLE", True, "[ID]"),
+])
+def test_the_columnar_writers_row_schema_is_the_spark_writers(schema, keep_raw, partition_by,
+                                                              spark, tmp_path):
+    """columnar.row_schema works the rows' schema out without Spark's decoding; it must be the
+    one Spark's writer gives its rows (Drain._empty_rows), partition columns included, and the
+    table deltalake creates from it the one Spark's own first append creates."""
+    from js_etl.spark.drain import Drain
+
+    cfg = load_config(None, [
+        "nats.servers=nats://127.0.0.1:1", "source.stream=S", "source.consumer=c",
+        f"target.path={tmp_path / 'spark'}", "decode.format=json", f"decode.schema={schema}",
+        f"decode.keep_raw={str(keep_raw).lower()}", f"target.partition_by={partition_by}"],
+        environ={})
+    assert columnar.config_problem(spark, cfg) is None
+    drain = Drain(spark, cfg, cfg.nats.connection_options(environ={}))
+    rows, names = drain._empty_rows()
+    ours, our_names = columnar.row_schema(cfg)
+
+    assert ours == rows.schema
+    delta_spark = DeltaTarget(path=str(tmp_path / "spark"))
+    create_empty(delta_spark, rows, names)
+    # Spark's writer names partition columns as written (KIND); Delta records the column's own.
+    assert our_names == list(delta_spark.shape(spark).partition_columns)
+    columnar.create_table(str(tmp_path / "deltalake"), ours, our_names)
+    delta_rs = DeltaTarget(path=str(tmp_path / "deltalake"))
+    assert delta_rs._snapshot_shape(spark) == delta_spark._snapshot_shape(spark)
+    assert columnar.table_problem(delta_rs.shape(spark), ours, our_names) is None
 
 
 def round_rows(spark: Any, table: Path, versions: list[int]) -> list[int]:
