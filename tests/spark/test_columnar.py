@@ -192,6 +192,29 @@ def test_the_columnar_writers_row_schema_is_the_spark_writers(schema, keep_raw, 
     assert columnar.table_problem(delta_rs.shape(spark), ours, our_names) is None
 
 
+def test_a_partition_named_in_another_case_is_the_columns_for_both_writers(spark, js, names,
+                                                                          nats_server, tmp_path):
+    """partition_by KIND of a field Kind: Delta records the partition column Kind; the columnar
+    writer creates, fills and commits it as Kind, and Spark's writer appends to it after (as
+    the Spark writer names it, KIND)."""
+    add_stream(js, names)
+    publish_and_wait(js, names, [(f"{names.prefix}.e", b'{"Id": %d, "Kind": "k%d"}'
+                                  % (i, i % 2)) for i in range(10)])
+    table = tmp_path / "t"
+
+    report = run_drain(spark, config(names, nats_server.url, table, names.consumer,
+                                     "decode.schema=Id BIGINT, Kind STRING",
+                                     "target.partition_by=[KIND]"))
+
+    assert (report.writer, report.messages_written) == ("columnar", 10)
+    assert DeltaTarget(path=str(table)).shape(spark).partition_columns == ("Kind",)
+    rows = spark.read.format("delta").load(str(table))
+    rows.write.format("delta").mode("append").partitionBy("KIND").save(str(table))
+    again = spark.read.format("delta").load(str(table)).where("kind = 'k1'")
+    assert sorted(r.Id for r in again.collect()) == [1, 1, 3, 3, 5, 5, 7, 7, 9, 9]
+    assert {p.name for p in table.iterdir()} >= {"Kind=k0", "Kind=k1"}
+
+
 def round_rows(spark: Any, table: Path, versions: list[int]) -> list[int]:
     """How many rows each of a run's commits (``versions``, in order) added to ``table``."""
     counts = [spark.read.format("delta").option("versionAsOf", v).load(str(table)).count()
