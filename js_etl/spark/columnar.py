@@ -298,18 +298,42 @@ def row_schema(config: JobConfig) -> tuple[StructType, list[str]]:
             [c.name for c in partitions])
 
 
+# Characters Delta's Spark writer refuses in a column name without column mapping (measured,
+# delta-spark 4.4.0: DELTA_INVALID_CHARACTERS_IN_COLUMN_NAMES); deltalake's create takes them.
+_REFUSED_IN_NAMES = frozenset(" ,;{}()\n\t=")
+# Session settings Delta applies to the tables Spark creates: column mapping, deletion vectors...
+_TABLE_DEFAULTS = "spark.databricks.delta.properties.defaults."
+
+
+def needs_spark_to_create(rows: StructType, session_conf: Mapping[str, str]) -> bool:
+    """Whether the missing table must be created by Spark, not :func:`create_table`: the session
+    sets defaults for new Delta tables, which only Spark's creation applies (the table may
+    then need the Spark writer), or a column name holds a character Spark's create refuses
+    (so that the run fails with Delta's own error, as with the Spark writer)."""
+    return (any(key.startswith(_TABLE_DEFAULTS) for key in session_conf)
+            or any(_REFUSED_IN_NAMES.intersection(name) for name in rows.fieldNames()))
+
+
 def create_table(directory: str, rows: StructType, partition_columns: list[str]) -> None:
     """Create the missing table at ``directory`` for this writer, with ``deltalake``, the
     library that commits its rounds: 10 ms of the driver, where Spark's empty append cost a
     first run 0.66 JVM CPU-seconds (measured, issue 14). Its first commit holds what Spark's
-    would (protocol reader 1 / writer 2, the schema, the partition columns), not Spark's
-    default table properties: the caller creates with Spark when the session sets any.
+    would (protocol reader 1 / writer 2, the schema, the partition columns:
+    tests/spark/test_columnar.py compares the two), unless :func:`needs_spark_to_create`.
 
-    Raises if a table is there already: the caller judges the race by the table."""
-    from deltalake import DeltaTable, Schema
+    Raises if a table is there already, or another process created it meanwhile; the caller
+    then reads the table. Never retried: deltalake retries a commit that lost its version by
+    committing at the next one, and a lost CREATE became a second commit that replaced the
+    table's id, schema and partitioning (a break-it review: two processes creating one table,
+    24 of 40 races). Without retries the loser's commit fails, because the local file system
+    writes a version's log file only where none is (measured, deltalake 1.6.6:
+    /work/scratch/s13/race_create.py, 0 of 240 races with two commits, against 38 of 40 with
+    mode="error" and the default retries; tests/spark/test_columnar.py races two creates)."""
+    from deltalake import CommitProperties, DeltaTable, Schema
 
     DeltaTable.create(directory, Schema.from_json(rows.json()), mode="error",
-                      partition_by=partition_columns or None)
+                      partition_by=partition_columns or None,
+                      commit_properties=CommitProperties(max_commit_retries=0))
 
 
 def table_keys(directory: str, stream: str, first: int, last: int) -> pa.Table | None:

@@ -321,15 +321,11 @@ class Drain:
             self.report.writer_note = problem
 
     def _create_for_columnar(self, location: str, rows: StructType, names: list[str]) -> None:
-        """Create the missing table the columnar writer is to write: by deltalake, which commits
-        its rounds (:func:`columnar.create_table`), unless the session sets defaults for new
-        Delta tables (``spark.databricks.delta.properties.defaults.*``: column mapping,
-        deletion vectors...), which only Spark's creation applies, and the table they make may
-        need the Spark writer."""
-        defaults = [key for key in self.spark.conf.getAll
-                    if key.startswith("spark.databricks.delta.properties.defaults.")]
+        """Create the missing table the columnar writer is to write, by deltalake
+        (:func:`columnar.create_table`) or, where only Spark creates it as Spark would, by
+        Spark."""
         try:
-            if defaults:
+            if columnar.needs_spark_to_create(rows, self.spark.conf.getAll):
                 create_empty(self.target, self.spark.createDataFrame([], rows), names)
             else:
                 directory = columnar.local_directory(location)

@@ -364,6 +364,12 @@ def test_the_writer_is_chosen_before_the_first_round_and_reported(spark, js, nam
     assert spark.read.format("delta").load(str(tmp_path / "a%20b")).count() == 5
     assert spark.read.format("delta").load(str(tmp_path / "a b")).count() == 5
 
+    # A column name Spark's create refuses fails the run as on the Spark writer, with Delta's
+    # error; deltalake's create would take it (a break-it review).
+    with pytest.raises(Exception, match="DELTA_INVALID_CHARACTERS_IN_COLUMN_NAMES"):
+        drain("spaced", "c8", "decode.schema=id BIGINT, `a b` STRING")
+    assert not (tmp_path / "spaced" / "_delta_log").exists()
+
     with pytest.raises(ConfigError, match="target.writer is columnar, but decode.format is raw"):
         drain("refused", "c5", "decode.format=raw", "decode.schema=null",
               "target.writer=columnar")
