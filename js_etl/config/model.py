@@ -367,8 +367,15 @@ class JobConfig(_Section):
         else:
             columns.append("data" if self.decode.format == "raw" else "text")
         taken = {c.lower(): c for c in columns}
+        named: dict[str, str] = {}
         for expression in self.target.partition_by:
             name, plain = partition_column_name(expression)
+            if name is not None and name.lower() in named:
+                raise ConfigError(
+                    f"target.partition_by names the column {name!r} twice "
+                    f"({named[name.lower()]!r} and {expression!r}; names are compared ignoring "
+                    "case): keep one")
+            named[name.lower() if name is not None else expression] = expression
             if name is None or plain or name.lower() not in taken:
                 continue
             raise ConfigError(

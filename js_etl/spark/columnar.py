@@ -294,7 +294,7 @@ def row_schema(config: JobConfig) -> tuple[StructType, list[str]]:
         fields.append(raw["data"])
     partitions = _partition_columns(config)
     fields += [StructField(c.name, DateType()) for c in partitions if c.source is None]
-    return (StructType([StructField(f.name, f.dataType, nullable=True) for f in fields]),
+    return (StructType([StructField(f.name, f.dataType, True, f.metadata) for f in fields]),
             [c.name for c in partitions])
 
 

@@ -151,7 +151,7 @@ class Decoder:
         head = F.substring(text, 1, 1)
         scalar = (F.when(first == '"', F.lit("string")).when(first.isin("t", "f"), "boolean")
                   .when(first == "n", "null").otherwise("number"))
-        corrupt = F.col(f"_json.{_CORRUPT}").isNotNull()
+        corrupt = F.col("_json").getField(_CORRUPT).isNotNull()
         # Is the payload JSON at all (any object), under the same strict rules?
         strictly_json = F.from_json(text, "MAP<STRING, STRING>", _STRICT).isNotNull()
         error = (F.when(~F.col("data_is_utf8"), F.lit(NOT_UTF8))
@@ -180,7 +180,7 @@ class Decoder:
             keys = F.json_object_keys(text)
             all_null = F.lit(True)
             for name in self.fields:
-                all_null = all_null & F.col(f"_json.{name}").isNull()
+                all_null = all_null & F.col("_json").getField(name).isNull()
             error = error.when(
                 all_null & (F.size(keys) > 0) & (F.size(F.array_intersect(keys, names)) == 0),
                 _filled(NO_FIELD, F.array_join(F.slice(keys, 1, 10), ", ")))
@@ -203,7 +203,8 @@ class Decoder:
 
         payload = {"raw": [F.col("data")],
                    "text": [F.col("data").cast("string").alias("text")],
-                   "json": [F.col(f"_json.{name}").alias(name) for name in self.fields]}
+                   # getField takes the name as it is: "a.b" is a field, not b of a.
+                   "json": [F.col("_json").getField(name).alias(name) for name in self.fields]}
         if self.fmt == "json" and self.keep_raw:
             payload["json"].append(F.col("data"))
         return (flagged.where(F.col("error").isNull())

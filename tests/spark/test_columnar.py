@@ -101,7 +101,7 @@ MORE_PAYLOADS = [
 
 def table_rows(spark: Any, path: Path, *, drop: tuple[str, ...] = ()) -> list[tuple[Any, ...]]:
     df = spark.read.format("delta").load(str(path))
-    columns = [c for c in sorted(df.columns) if c not in drop]
+    columns = [f"`{c}`" for c in sorted(df.columns) if c not in drop]  # `a.b` is one column
     return sorted((tuple(bytes(v) if isinstance(v, bytearray) else v for v in row)
                    for row in df.select(*columns).collect()), key=repr)
 
@@ -163,6 +163,7 @@ def test_both_writers_write_the_same_rows_and_dead_letters(partition_by, spark, 
     (SCHEMA, True, "[to_date(published_at) AS date, kind]"),
     ("`Id` LONG, Kind STRING, flag BOOLEAN", False, "[KIND, subject, to_date(published_at) AS d]"),
     ("id INTEGER, amount DOUBLE", True, "[ID]"),
+    ("`a.b` STRING, `c``d` BIGINT, id BIGINT COMMENT 'the id'", False, "[]"),
 ])
 def test_the_columnar_writers_row_schema_is_the_spark_writers(schema, keep_raw, partition_by,
                                                               spark, tmp_path):
@@ -192,27 +193,33 @@ def test_the_columnar_writers_row_schema_is_the_spark_writers(schema, keep_raw, 
     assert columnar.table_problem(delta_rs.shape(spark), ours, our_names) is None
 
 
-def test_a_partition_named_in_another_case_is_the_columns_for_both_writers(spark, js, names,
-                                                                          nats_server, tmp_path):
+def test_odd_names_partition_and_decode_alike_on_both_writers(spark, js, names, nats_server,
+                                                              tmp_path):
     """partition_by KIND of a field Kind: Delta records the partition column Kind; the columnar
     writer creates, fills and commits it as Kind, and Spark's writer appends to it after (as
-    the Spark writer names it, KIND)."""
+    the Spark writer names it, KIND). A field named `a.b` is that field on both writers, not b
+    of a (Spark's decoder failed on it: a break-it review)."""
     add_stream(js, names)
-    publish_and_wait(js, names, [(f"{names.prefix}.e", b'{"Id": %d, "Kind": "k%d"}'
-                                  % (i, i % 2)) for i in range(10)])
-    table = tmp_path / "t"
+    publish_and_wait(js, names, [(f"{names.prefix}.e", b'{"Id": %d, "Kind": "k%d", "a.b": "v%d"}'
+                                  % (i, i % 2, i)) for i in range(10)])
+    tables = {writer: tmp_path / writer for writer in ("columnar", "spark")}
 
-    report = run_drain(spark, config(names, nats_server.url, table, names.consumer,
-                                     "decode.schema=Id BIGINT, Kind STRING",
-                                     "target.partition_by=[KIND]"))
+    for writer, table in tables.items():
+        report = run_drain(spark, config(names, nats_server.url, table, f"c_{writer}",
+                                         "decode.schema=Id BIGINT, Kind STRING, `a.b` STRING",
+                                         "target.partition_by=[KIND]",
+                                         f"target.writer={writer}"))
+        assert (report.writer, report.messages_written) == (writer, 10)
 
-    assert (report.writer, report.messages_written) == ("columnar", 10)
-    assert DeltaTarget(path=str(table)).shape(spark).partition_columns == ("Kind",)
-    rows = spark.read.format("delta").load(str(table))
-    rows.write.format("delta").mode("append").partitionBy("KIND").save(str(table))
-    again = spark.read.format("delta").load(str(table)).where("kind = 'k1'")
-    assert sorted(r.Id for r in again.collect()) == [1, 1, 3, 3, 5, 5, 7, 7, 9, 9]
-    assert {p.name for p in table.iterdir()} >= {"Kind=k0", "Kind=k1"}
+    assert DeltaTarget(path=str(tables["columnar"])).shape(spark).partition_columns == ("Kind",)
+    assert table_rows(spark, tables["columnar"], drop=("consumer_seq",)) == table_rows(
+        spark, tables["spark"], drop=("consumer_seq",))
+    rows = spark.read.format("delta").load(str(tables["columnar"]))
+    assert sorted(r["a.b"] for r in rows.where("kind = 'k1'").collect()) == [
+        "v1", "v3", "v5", "v7", "v9"]
+    rows.write.format("delta").mode("append").partitionBy("KIND").save(str(tables["columnar"]))
+    assert spark.read.format("delta").load(str(tables["columnar"])).count() == 20
+    assert {p.name for p in tables["columnar"].iterdir()} >= {"Kind=k0", "Kind=k1"}
 
 
 def round_rows(spark: Any, table: Path, versions: list[int]) -> list[int]:

@@ -783,3 +783,16 @@ def test_example_yaml_values() -> None:
     assert "token_env: NATS_TOKEN" in (CONF_DIR / "example.yaml").read_text()
     assert cfg.source == dataclasses.replace(cfg.source)  # re-validation is idempotent
     assert isinstance(cfg.source, SourceConfig)
+
+
+@pytest.mark.parametrize("partition_by", [
+    "[kind, KIND]",
+    "[to_date(published_at) AS day, to_date(published_at) AS DAY]",
+    "[kind, lower(subject) AS Kind]",
+])
+def test_a_partition_column_named_twice_is_refused(partition_by: str) -> None:
+    """Delta refuses the table (Spark's create), or deltalake writes it and then cannot read it
+    back (a break-it review): refused before anything is fetched or created."""
+    with pytest.raises(ConfigError, match=r"^target\.partition_by names the column .* twice"):
+        load("decode.format=json", "decode.schema=id BIGINT, kind STRING",
+             f"target.partition_by={partition_by}")
