@@ -367,16 +367,18 @@ class JobConfig(_Section):
         else:
             columns.append("data" if self.decode.format == "raw" else "text")
         taken = {c.lower(): c for c in columns}
-        named: dict[str, str] = {}
+        named: dict[str, str] = {}  # Delta refuses a table partitioned by a column twice
         for expression in self.target.partition_by:
             name, plain = partition_column_name(expression)
-            if name is not None and name.lower() in named:
+            if name is None:
+                continue
+            if name.lower() in named:
                 raise ConfigError(
                     f"target.partition_by names the column {name!r} twice "
                     f"({named[name.lower()]!r} and {expression!r}; names are compared ignoring "
                     "case): keep one")
-            named[name.lower() if name is not None else expression] = expression
-            if name is None or plain or name.lower() not in taken:
+            named[name.lower()] = expression
+            if plain or name.lower() not in taken:
                 continue
             raise ConfigError(
                 f"target.partition_by {expression!r} names its column {name!r}, but the table "

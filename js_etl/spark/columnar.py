@@ -328,7 +328,7 @@ def create_table(directory: str, rows: StructType, partition_columns: list[str])
     24 of 40 races). Without retries the loser's commit fails, because the local file system
     writes a version's log file only where none is (measured, deltalake 1.6.6:
     /work/scratch/s13/race_create.py, 0 of 540 races with two commits, against 38 of 40 with
-    mode="error" and the default retries; tests/spark/test_columnar.py races two creates)."""
+    mode="error" and the default retries; tests/unit/test_create_table.py races two creates)."""
     from deltalake import CommitProperties, DeltaTable, Schema
 
     DeltaTable.create(directory, Schema.from_json(rows.json()), mode="error",
