@@ -252,16 +252,16 @@ def columnar_plan(location: str, config: JobConfig, run_id: str) -> ColumnarPlan
     :func:`table_problem` accepted."""
     directory = local_directory(location)
     assert directory is not None  # location_problem accepted it
-    return ColumnarPlan(directory, config.decode, _payload_type(config.decode).json(),
-                        _partition_columns(config), config.source.max_deliver,
+    payload = _payload_type(config.decode)
+    return ColumnarPlan(directory, config.decode, payload.json(),
+                        _partition_columns(config, payload), config.source.max_deliver,
                         f"part-{run_id}")
 
 
-def _partition_columns(config: JobConfig) -> tuple[PartitionColumn, ...]:
+def _partition_columns(config: JobConfig, payload: StructType) -> tuple[PartitionColumn, ...]:
     from js_etl.config import partition_column_name
 
-    copyable = {n.lower(): n for n in (*_payload_type(config.decode).fieldNames(),
-                                       *_COPYABLE_ORIGIN)}
+    copyable = {n.lower(): n for n in (*payload.fieldNames(), *_COPYABLE_ORIGIN)}
     partitions = []
     for expression in config.target.partition_by:
         name, plain = partition_column_name(expression)
@@ -289,10 +289,11 @@ def row_schema(config: JobConfig) -> tuple[StructType, list[str]]:
 
     raw = _parse_datatype_string(RAW_DDL)
     assert isinstance(raw, StructType)
-    fields = [raw[name] for name in ORIGIN_COLUMNS] + _payload_type(config.decode).fields
+    payload = _payload_type(config.decode)
+    fields = [raw[name] for name in ORIGIN_COLUMNS] + payload.fields
     if config.decode.keep_raw:
         fields.append(raw["data"])
-    partitions = _partition_columns(config)
+    partitions = _partition_columns(config, payload)
     fields += [StructField(c.name, DateType()) for c in partitions if c.source is None]
     return (StructType([StructField(f.name, f.dataType, True, f.metadata) for f in fields]),
             [c.name for c in partitions])
