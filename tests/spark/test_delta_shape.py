@@ -1,6 +1,7 @@
 """DeltaTarget.shape reads a table's protocol, partitioning, schema and properties with
 ``deltalake`` where it can (js_etl/spark/delta.py); the columnar writer is chosen on it
-(columnar.table_problem), so it must see every rule Delta's own snapshot shows."""
+(columnar.table_problem), so it must see every rule Delta's own snapshot shows. DeltaTarget.exists
+takes deltalake's yes the same way, and must answer as Delta does."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 import pytest
 
 from js_etl.spark import columnar
+from js_etl.spark import delta as delta_module
 from js_etl.spark.delta import DeltaTarget, _deltalake_table
 
 pytestmark = pytest.mark.slow
@@ -58,3 +60,36 @@ def test_deltalakes_view_of_a_table_is_deltas(name, body, expected, spark, tmp_p
     # deltalake 1.6.6 reads every one of these (protocols up to reader 3 / writer 7): the
     # comparison above was of its view, not of Delta's with itself.
     assert _deltalake_table(str(path)) is not None
+
+
+def test_exists_answers_as_delta_does_and_takes_a_yes_from_deltalake(spark, tmp_path,
+                                                                     monkeypatch):
+    from delta.tables import DeltaTable
+
+    spark.sql(f"CREATE TABLE delta.`{tmp_path / 'table'}` (id BIGINT, d DATE) USING delta "
+              "PARTITIONED BY (d)")
+    spark.sql(f"INSERT INTO delta.`{tmp_path / 'table'}` VALUES (1, DATE'2026-11-25')")
+    spark.sql(f"CREATE TABLE delta.`{tmp_path / 'a%20b'}` (id BIGINT) USING delta")
+    (tmp_path / "stray").mkdir()
+    (tmp_path / "stray" / "x.parquet").write_bytes(b"PAR1")
+    (tmp_path / "empty_log" / "_delta_log").mkdir(parents=True)
+    cases = {  # path: Delta's answer, and whether deltalake may give it without Delta
+        "table": (True, True), "missing": (False, False),
+        "table/d=2026-11-25": (True, False),  # Delta finds the table above a partition
+        "stray": (False, False), "empty_log": (False, False), "a%20b": (True, False),
+        "a b": (False, False)}
+    asked = []
+    spark_answer = DeltaTable.isDeltaTable
+
+    def is_delta_table(session: Any, path: str) -> bool:
+        asked.append(path)
+        return bool(spark_answer(session, path))
+
+    monkeypatch.setattr(DeltaTable, "isDeltaTable", is_delta_table)
+    for name, (expected, from_deltalake) in cases.items():
+        path = str(tmp_path / name)
+        asked.clear()
+        assert spark_answer(spark, path) is expected, name  # the cases say what Delta says
+        assert DeltaTarget(path=path).exists(spark) is expected, name
+        assert (asked == []) is from_deltalake, name
+        assert delta_module._deltalake_sees_table(path) is from_deltalake, name
