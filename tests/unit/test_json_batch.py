@@ -12,10 +12,12 @@ import re
 import struct as binary
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.json as pj
 import pytest
 
 from js_etl.config.model import DecodeConfig
+from js_etl.spark import json_batch
 from js_etl.spark.json_batch import MAX_BRACKETS, _scan, decode_json_batch, supported
 from js_etl.spark.source_decode import decode_json
 
@@ -366,3 +368,13 @@ def test_a_long_run_or_a_word_across_the_real_chunk_boundary_is_found():
             text = b"x" * (chunk - before) + tail + b"x" * 10
             assert _scan(memoryview(text)) == expected, (tail[:3], before)
     assert _scan(memoryview(b"{" * (chunk + 5))) == chunk + 5
+
+
+def test_the_joined_payloads_are_the_join_without_a_copy():
+    """decode_json_batch parses the join's own buffer (json_batch._only_value), not a copy."""
+    joined = pc.binary_join(pa.ListArray.from_arrays(pa.array([0, 2], pa.int32()),
+                                                     pa.array([b'{"a":1}', b'{"a":2}'])), b"\n")
+    assert json_batch._only_value(joined).to_pybytes() == b'{"a":1}\n{"a":2}'
+    assert json_batch._only_value(joined).address == joined.buffers()[2].address
+    sliced = pa.array([b"x", b"abc", b"de"], pa.binary()).slice(1, 1)
+    assert json_batch._only_value(sliced).to_pybytes() == b"abc"
