@@ -70,7 +70,8 @@ def summarize(runs: list[Leg]) -> dict[str, Any]:
                        for leg in runs for p in leg.problems]
     out["runs"] = [{"run": leg.details.get("run"), "msg_per_s": round(leg.msg_per_s),
                     "seconds": round(leg.seconds, 3), "verified": leg.verified,
-                    "cpu_seconds": leg.memory.get("cpu_seconds", {}).get("ours")}
+                    "cpu_seconds": leg.memory.get("cpu_seconds", {}).get("ours"),
+                    "cpu_by_kind": leg.memory.get("cpu_seconds", {}).get("by_kind")}
                    for leg in runs]
     return out
 
