@@ -87,17 +87,21 @@ class DeltaTarget:
         return self.table or self.path or "?"
 
     def exists(self, spark: SparkSession) -> bool:
-        """Whether the table exists: ``deltalake``'s yes where it reads the directory (as
-        :func:`_deltalake_table`), else Delta's answer. Delta's ``isDeltaTable`` loads the
-        table's snapshot in the JVM, which a columnar run never needs otherwise (measured, issue
-        14: 0.25-0.28 JVM CPU-seconds of every run, over its 7-15 calls); deltalake's check
-        took 0.07 ms. Only a yes is taken from it: a table it cannot read is Delta's to judge."""
+        """Whether the table exists: yes where ``deltalake`` opens it (:func:`_deltalake_table`),
+        else Delta's answer. Delta's ``isDeltaTable`` finds the table's root and loads its log
+        in the JVM (``DeltaLog.forTable(root).tableExists``, delta-spark 4.4), which a columnar
+        run never needs otherwise (measured, issue 14: 0.25-0.28 JVM CPU-seconds of every run,
+        over its 7-15 calls). Only a table deltalake opens answers here: its
+        ``is_deltatable`` says yes to logs Delta refuses (one holding only a ``.crc``, or a
+        corrupt first commit; a break-it review), opening refuses them; and a partition
+        directory, whose table Delta finds above it, is Delta's to judge."""
         from delta.tables import DeltaTable
 
         if self.table:
             return bool(spark.catalog.tableExists(self.table))
         assert self.path is not None  # a target is a table or a path (TargetConfig checks)
-        return _deltalake_sees_table(self.path) or bool(DeltaTable.isDeltaTable(spark, self.path))
+        return (_deltalake_table(self.location(spark)) is not None
+                or bool(DeltaTable.isDeltaTable(spark, self.path)))
 
     def delta_table(self, spark: SparkSession) -> Any:
         from delta.tables import DeltaTable
@@ -108,8 +112,15 @@ class DeltaTarget:
         return DeltaTable.forPath(spark, self.path)
 
     def location(self, spark: SparkSession) -> str:
+        """The table's directory as Spark reads it: a path as Hadoop qualifies it
+        (``file:/data/t``, or ``hdfs://nn/data/t`` where ``fs.defaultFS`` says so), so that
+        what the driver opens itself — the lock's files, the columnar writer's directory,
+        deltalake's view — is the directory Delta reads, whatever the default file system and
+        the JVM's working directory (a break-it review: a scheme-less path on an HDFS cluster
+        was the driver's local disk to deltalake and the lock)."""
         if self.path:
-            return self.path.rstrip("/")
+            path, fs = hadoop_path(spark, self.path)
+            return str(fs.makeQualified(path).toString()).rstrip("/")
         return str(self.delta_table(spark).detail().first()["location"]).rstrip("/")
 
     def read(self, spark: SparkSession) -> DataFrame:
@@ -362,30 +373,19 @@ def _deltalake_table(location: str) -> Any:
     from deltalake import DeltaTable
     from deltalake.exceptions import DeltaError
 
-    directory = _deltalake_directory(location)
-    if directory is None:
-        return None
-    try:
-        return DeltaTable(directory)
-    except DeltaError:  # e.g. a reader feature deltalake does not support: Spark's snapshot
-        return None
-
-
-def _deltalake_directory(location: str) -> str | None:
-    """The local directory deltalake may be given for ``location``, or None."""
     from js_etl.spark.columnar import local_directory
 
     directory = local_directory(location)
     # deltalake lists the directory it is given but reads a %XX in it as an escape (a break-it
     # review: next to "a b", a table in "a%20b" was read partly from "a b"): Spark reads those.
-    return None if directory is None or "%" in directory else directory
-
-
-def _deltalake_sees_table(location: str) -> bool:
-    from deltalake import DeltaTable
-
-    directory = _deltalake_directory(location)
-    return directory is not None and DeltaTable.is_deltatable(directory)
+    if directory is None or "%" in directory:
+        return None
+    try:
+        return DeltaTable(directory)
+    # DeltaError: e.g. a reader feature deltalake does not support (Spark's snapshot reads it);
+    # OSError: the path is a regular file.
+    except (DeltaError, OSError):
+        return None
 
 
 def rows_in_range(spark: SparkSession, table: DeltaTarget, stream: str, first: int,

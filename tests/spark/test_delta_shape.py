@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from js_etl.spark import columnar
-from js_etl.spark import delta as delta_module
 from js_etl.spark.delta import DeltaTarget, _deltalake_table
 
 pytestmark = pytest.mark.slow
@@ -73,11 +73,15 @@ def test_exists_answers_as_delta_does_and_takes_a_yes_from_deltalake(spark, tmp_
     (tmp_path / "stray").mkdir()
     (tmp_path / "stray" / "x.parquet").write_bytes(b"PAR1")
     (tmp_path / "empty_log" / "_delta_log").mkdir(parents=True)
+    # deltalake's is_deltatable says yes to this one (a break-it review); Delta says no.
+    (tmp_path / "crc_only" / "_delta_log").mkdir(parents=True)
+    (tmp_path / "crc_only" / "_delta_log" / "00000000000000000000.crc").write_text("{}")
+    (tmp_path / "a_file").write_text("not a table")
     cases = {  # path: Delta's answer, and whether deltalake may give it without Delta
         "table": (True, True), "missing": (False, False),
         "table/d=2026-11-25": (True, False),  # Delta finds the table above a partition
-        "stray": (False, False), "empty_log": (False, False), "a%20b": (True, False),
-        "a b": (False, False)}
+        "stray": (False, False), "empty_log": (False, False), "crc_only": (False, False),
+        "a_file": (False, False), "a%20b": (True, False), "a b": (False, False)}
     asked = []
     spark_answer = DeltaTable.isDeltaTable
 
@@ -92,4 +96,35 @@ def test_exists_answers_as_delta_does_and_takes_a_yes_from_deltalake(spark, tmp_
         assert spark_answer(spark, path) is expected, name  # the cases say what Delta says
         assert DeltaTarget(path=path).exists(spark) is expected, name
         assert (asked == []) is from_deltalake, name
-        assert delta_module._deltalake_sees_table(path) is from_deltalake, name
+
+
+def test_a_path_is_the_directory_spark_reads_whatever_the_default_file_system(spark,
+                                                                              tmp_path):
+    """A scheme-less path is Hadoop's to qualify: on a cluster whose default file system is
+    HDFS it is not the driver's disk, and neither the lock, the columnar writer nor deltalake
+    may treat it as such (viewfs with a local fallback stands in for hdfs:// here)."""
+    from deltalake import write_deltalake
+
+    local = tmp_path / "table"
+    write_deltalake(str(local), pa.table({"id": pa.array([1], pa.int64())}))
+    target = DeltaTarget(path=str(local))
+    assert target.location(spark) == f"file:{local}"
+    assert columnar.location_problem(target.location(spark)) is None
+    assert target.exists(spark)
+
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    default = conf.get("fs.defaultFS")
+    elsewhere = tmp_path / "default_fs"
+    elsewhere.mkdir()
+    conf.set("fs.viewfs.mounttable.jsetltest.linkFallback", f"file://{elsewhere}")
+    conf.set("fs.defaultFS", "viewfs://jsetltest/")
+    try:
+        location = target.location(spark)
+        assert location == f"viewfs://jsetltest{local}"
+        assert "not on the local file system" in (columnar.location_problem(location) or "")
+        assert _deltalake_table(location) is None
+        assert not target.exists(spark)  # Spark reads the default file system: no table there
+    finally:
+        conf.set("fs.defaultFS", default)
+        conf.unset("fs.viewfs.mounttable.jsetltest.linkFallback")
+    assert target.location(spark) == f"file:{local}"
