@@ -95,13 +95,15 @@ class DeltaTarget:
         ``is_deltatable`` says yes to logs Delta refuses (one holding only a ``.crc``, or a
         corrupt first commit; a break-it review), opening refuses them; and a partition
         directory, whose table Delta finds above it, is Delta's to judge."""
-        from delta.tables import DeltaTable
-
         if self.table:
             return bool(spark.catalog.tableExists(self.table))
+        return _deltalake_table(self.location(spark)) is not None or self._delta_finds_path(spark)
+
+    def _delta_finds_path(self, spark: SparkSession) -> bool:
+        from delta.tables import DeltaTable
+
         assert self.path is not None  # a target is a table or a path (TargetConfig checks)
-        return (_deltalake_table(self.location(spark)) is not None
-                or bool(DeltaTable.isDeltaTable(spark, self.path)))
+        return bool(DeltaTable.isDeltaTable(spark, self.path))
 
     def delta_table(self, spark: SparkSession) -> Any:
         from delta.tables import DeltaTable
@@ -191,11 +193,14 @@ class DeltaTarget:
     def job_round(self, spark: SparkSession, job: str) -> tuple[int, int]:
         """``(last round of job, table version)`` from the snapshot's application transactions;
         ``(0, -1)`` for a table that does not exist yet."""
-        if not self.exists(spark):
+        # A path table is opened once: one deltalake opens exists (as in exists()).
+        if self.table and not self.exists(spark):
             return 0, -1
         table = _deltalake_table(self.location(spark))
         if table is not None:
             return table.transaction_version(job) or 0, table.version()
+        if self.path and not self._delta_finds_path(spark):
+            return 0, -1
         snapshot = self._snapshot(spark)
         recorded = snapshot.transactions().get(job)
         return (int(recorded.get()) if recorded.isDefined() else 0), int(snapshot.version())
