@@ -90,11 +90,11 @@ class LocalNatsServer:
     def start(self, timeout: float = 10.0) -> Self:
         cmd = [find_nats_server(), "-a", "127.0.0.1", "-p", str(self.port), "-js",
                "-sd", str(self.store_dir / "jetstream")]
+        self.store_dir.mkdir(parents=True, exist_ok=True)
         if self._config_text is not None:
             conf = self.store_dir / "server.conf"
             conf.write_text(self._config_text)
             cmd += ["-c", str(conf)]
-        self.store_dir.mkdir(parents=True, exist_ok=True)
         log = open(self._log_file, "ab")
         try:
             self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,

@@ -54,8 +54,10 @@ def test_closed_port_fails_fast_as_unavailable():
 
 
 @pytest.fixture(scope="module")
-def token_server():
-    with LocalNatsServer(config_text="authorization { token: s3cret }\n") as server:
+def token_server(tmp_path_factory):
+    # A store directory that does not exist yet: start() creates it before writing the config.
+    store = tmp_path_factory.mktemp("token") / "not-yet"
+    with LocalNatsServer(store, config_text="authorization { token: s3cret }\n") as server:
         yield server
 
 
