@@ -106,9 +106,7 @@ def local_builder(master: str = "local[2]", app_name: str = "js-etl",
                .config("spark.databricks.delta.snapshotPartitions", "2")
                .config("spark.driver.extraJavaOptions",
                        local_jvm_options(columnar=columnar, conf=conf))
-               .config("spark.executor.extraJavaOptions", "-Duser.timezone=UTC")
-               # Workers forked with js-etl's task modules already imported (see the module).
-               .config("spark.python.daemon.module", "js_etl.spark.worker_daemon"))
+               .config("spark.executor.extraJavaOptions", "-Duser.timezone=UTC"))
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     return configure_delta(builder)

@@ -41,25 +41,3 @@ def test_local_spark_starts_its_jvm_with_js_etls_options(writer, submit_opts, co
     assert [name for name in jvm["collectors"] if name in collectors] == collectors, jvm
     assert ("-XX:TieredStopAtLevel=1" in jvm["arguments"]) is c1_only, jvm
     assert "-Duser.timezone=UTC" in jvm["arguments"], jvm
-
-
-def test_python_workers_are_forked_from_a_daemon_that_imported_the_task_modules(spark):
-    """Each task reports its parent process: the daemon local Spark started with
-    js_etl.spark.worker_daemon, holding pyarrow's Parquet and JSON extension modules and nats-py
-    before any task ran (what the worker then inherits instead of importing itself)."""
-
-    def parent_of_this_worker(_):
-        import os
-
-        pid = os.getppid()
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            command = [part.decode() for part in f.read().split(b"\0") if part]
-        with open(f"/proc/{pid}/maps") as f:
-            mapped = {line.split("/")[-1].strip() for line in f if "/" in line}
-        yield command, sorted(name for name in mapped if name.startswith(("_parquet.", "_json.")))
-
-    results = spark.sparkContext.parallelize(range(4), 4).mapPartitions(
-        parent_of_this_worker).collect()
-    for command, extensions in results:
-        assert command[1:3] == ["-m", "js_etl.spark.worker_daemon"], command
-        assert [name.split(".")[0] for name in extensions] == ["_json", "_parquet"], extensions

@@ -87,11 +87,3 @@ def test_js_etl_drain_starts_local_spark_for_the_writer_it_expects(monkeypatch, 
     with pytest.raises(Started) as started:
         cli._drain(config, None, False)
     assert started.value.args == (False, columnar)
-
-
-def test_local_workers_fork_from_js_etls_daemon_unless_the_user_names_another() -> None:
-    from js_etl.spark.session import local_builder
-
-    key = "spark.python.daemon.module"
-    assert local_builder("local[1]", "x")._options[key] == "js_etl.spark.worker_daemon"
-    assert local_builder("local[1]", "x", {key: "pyspark.daemon"})._options[key] == "pyspark.daemon"
