@@ -193,7 +193,8 @@ class DeltaTarget:
     def job_round(self, spark: SparkSession, job: str) -> tuple[int, int]:
         """``(last round of job, table version)`` from the snapshot's application transactions;
         ``(0, -1)`` for a table that does not exist yet."""
-        # A path table is opened once: one deltalake opens exists (as in exists()).
+        # exists() inlined for a path table, so deltalake opens it once: the table it opens
+        # exists, and only one it cannot open is left to Delta's isDeltaTable.
         if self.table and not self.exists(spark):
             return 0, -1
         table = _deltalake_table(self.location(spark))
