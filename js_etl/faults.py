@@ -3,7 +3,7 @@
 ``JS_ETL_FAULT=<point>`` in the driver's environment arms one point. Production runs never set
 it; an unknown name is refused so a typo cannot silently test nothing.
 
-* ``kill_after_fetch`` — the driver SIGKILLs itself after the round's fetch is checkpointed;
+* ``kill_after_fetch`` — the driver SIGKILLs itself after the round's fetch has run;
 * ``kill_after_commit`` — after the round's Delta commits, before any ack;
 * ``kill_mid_ack`` — after acking half of the round's committed rows;
 * ``fail_fetch_task`` — the first attempt of every fetch task raises after its first delivered pull
@@ -13,11 +13,12 @@ it; an unknown name is refused so a typo cannot silently test nothing.
   (a slow write phase: the server has queued the round's messages for redelivery by then);
 * ``late_fetch_tasks`` — every fetch task but the first two starts ack_wait + 1 s late (waves of
   partitions beyond the cores, retries, scheduling delays);
-* ``lose_checkpoint`` — the round's checkpoint blocks are dropped right after the fetch, as when
-  the executor holding them dies (Spark then fails with CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND);
+* ``lose_checkpoint`` — the Spark writer's round checkpoint blocks are dropped right after the
+  fetch, as when the executor holding them dies (Spark then fails with
+  CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND; the columnar writer's round has no checkpoint);
 * ``slow_task_start`` — every fetch task starts 1.5 × the round's base fetch window late (a
   loaded cluster that cannot start tasks within a short ack_wait's window);
-* ``hold_after_fetch`` — the driver stops after the first round's fetch is checkpointed, writes
+* ``hold_after_fetch`` — the driver stops after the first round's fetch has run, writes
   ``$JS_ETL_FAULT_GATE/held`` and waits until the test creates ``$JS_ETL_FAULT_GATE/release``
   (a test acts on a run in the middle of a round — a signal, a second run — whatever the timing).
 """

@@ -6,13 +6,23 @@ Why (issue 14): on the Spark writer every message crosses the JVM row by row —
 and that, not the pull, was most of a round's CPU. Here the JVM sees only what the round needs
 to decide and ack: one small key row per message, the dead letters, and one row per file.
 
-The output of a fetch task (:data:`OUTPUT_DDL`) *is* the round's eager local checkpoint, as on
-the Spark path (:mod:`js_etl.spark.drain`): the fetch runs once, and a lost block fails the run
-instead of fetching again. What the rest of the round relies on, and why it still holds:
+The round is one Spark job: its tasks write the good rows *and* the dead letters to files, and
+their output (:data:`OUTPUT_DDL`: one blob of keys per pull, one description per file) is
+collected on the driver, which is the only read of it. So the fetch runs exactly once without
+the Spark writer's eager local checkpoint (:mod:`js_etl.spark.drain`), which cost a second Spark
+job a round (js-etl bench, 1M x 256 B in 5 rounds: the write phase took 0.58-0.65 s with the
+checkpoint and its collect, 0.22 s without). What the rest of the round relies on, and why it
+still holds:
 
-* **A failed task attempt's files are never committed.** Only files named in the checkpoint are
-  committed, and a failed attempt's output is not in it. Its files stay in the table directory
-  unreferenced, as a failed Spark write task's do, until a VACUUM removes them.
+* **A failed task attempt's files are never committed.** Only files named in the collected
+  output are committed, and a failed attempt's output is not in it. Its files stay in the table
+  directory unreferenced, as a failed Spark write task's do, until a VACUUM removes them.
+* **Dead letters travel as files, not through the driver's heap.** A task writes its dead
+  letters (payload, headers and reason) to one Parquet file of :data:`ROUND_SCHEMA` at the
+  table's top level, named with the task's file prefix; the driver's Spark append into the
+  dead-letter table reads them, then the file is removed (at the end of the round, committed or
+  not). A round may hold up to ``partitions x fetch.partition_max_bytes`` of them: a collect
+  would put all of it on the driver's JVM heap and against ``spark.driver.maxResultSize``.
 * **The files are immutable.** A round the fast commit cannot take as it is — a sequence fetched
   twice, or one a table already holds — reads its files back with Spark and goes through the Spark
   writer with the usual dedupe and anti-join, so every rule of the round applies to both paths.
@@ -23,7 +33,7 @@ instead of fetching again. What the rest of the round relies on, and why it stil
   other rounds. Measured with delta-spark 4.4.0 and deltalake 1.6.6 (tests/spark/
   test_columnar.py pins each): Spark's snapshot reports the round from that ``txn`` action, the
   history shows the tag, and a range outside a file's ``seq`` statistics plans no file.
-* **Acks still come from reading the tables back through Delta**, never from the checkpoint.
+* **Acks still come from reading the tables back through Delta**, never from the task output.
 
 It is chosen when the round is planned (:func:`columnar_plan`) only where it writes what the
 Spark writer would: JSON payloads whose schema the batch decoder covers
@@ -59,12 +69,16 @@ if TYPE_CHECKING:
 # The output of a fetch task, one row per
 # * pulled batch: ``keys``, the Arrow IPC stream of the batch's KEY_SCHEMA columns (the JVM
 #   handles one value per pull, not one row per message: 1M key rows cost it seconds);
-# * dead letter: its dead-letter columns (decode.DEAD_LETTER_COLUMNS) and bytes;
-# * written file: ``file``, a WrittenFile as JSON.
-OUTPUT_DDL = ("seq BIGINT, stream STRING, subject STRING, consumer_seq BIGINT, "
-              "num_delivered BIGINT, published_at TIMESTAMP, "
-              "headers MAP<STRING, ARRAY<STRING>>, data BINARY, error STRING, "
-              "_js_etl_payload_bytes BIGINT, keys BINARY, file STRING")
+# * file of rows it wrote: ``file``, a WrittenFile as JSON;
+# * file of dead letters it wrote (one at most): ``dead_letters``, a WrittenFile as JSON.
+OUTPUT_DDL = "keys BINARY, file STRING, dead_letters STRING"
+# The rows of a round as the Spark writer's path takes them (Drain._commit_spark): the
+# dead-letter columns (decode.DEAD_LETTER_COLUMNS) and the payload's bytes. A task's dead-letter
+# file has this schema; a columnar round the fast commit cannot take becomes these rows.
+ROUND_DDL = ("seq BIGINT, stream STRING, subject STRING, consumer_seq BIGINT, "
+             "num_delivered BIGINT, published_at TIMESTAMP, "
+             "headers MAP<STRING, ARRAY<STRING>>, data BINARY, error STRING, "
+             "_js_etl_payload_bytes BIGINT")
 KEY_SCHEMA = pa.schema([("seq", pa.int64()), ("consumer_seq", pa.int64()),
                         ("num_delivered", pa.int64()), ("dead", pa.bool_()),
                         ("bytes", pa.int64())])
@@ -126,6 +140,26 @@ class WrittenFile:
     @classmethod
     def from_json(cls, text: str) -> WrittenFile:
         return cls(**json.loads(text))
+
+
+@dataclass(frozen=True, slots=True)
+class RoundOutput:
+    """A columnar round's task output, collected on the driver: the keys of every delivery
+    (:data:`KEY_SCHEMA`), the files of rows, the files of dead letters."""
+
+    keys: pa.Table
+    files: tuple[WrittenFile, ...]
+    dead_letters: tuple[WrittenFile, ...]
+
+    @classmethod
+    def of(cls, output: pa.Table) -> RoundOutput:
+        """From the collected :data:`OUTPUT_DDL` rows."""
+        blobs, files, dead = (output.column(c).to_pylist() for c in ("keys", "file",
+                                                                      "dead_letters"))
+        keys = [batch for blob in blobs if blob is not None for batch in pa.ipc.open_stream(blob)]
+        return cls(pa.Table.from_batches(keys, schema=KEY_SCHEMA),
+                   tuple(WrittenFile.from_json(f) for f in files if f is not None),
+                   tuple(WrittenFile.from_json(f) for f in dead if f is not None))
 
 
 def config_problem(spark: SparkSession, config: JobConfig) -> str | None:
@@ -404,14 +438,13 @@ def local_directory(location: str) -> str | None:
 def fetch_decode_write(fetch: FetchPlan, plan: ColumnarPlan, round_no: int,
                        batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` body: the fetch (:func:`~js_etl.spark.fetch.fetch_partition`), each pulled
-    batch decoded and its good rows written on into one Parquet file per partition value
-    (:class:`_TaskFiles`); yields the key and dead-letter rows of every message, then one row
-    per file once all are closed.
+    batch decoded, its good rows written on into one Parquet file per partition value and its
+    dead letters into the task's dead-letter file (:class:`_TaskFiles`); yields a row of keys
+    per pull, then one row per file once all are closed.
 
-    What the round holds of a task's messages until its commit, and so what
-    fetch.partition_max_bytes bounds here, is the dead letters (their rows in the round's
-    checkpoint, payload, headers and subject counted): the good rows are in the files, the
-    keys a few dozen bytes a message."""
+    What fetch.partition_max_bytes bounds here is the round's dead letters (payload, headers and
+    subject counted), which the driver's Spark append reads back in one job: the good rows are
+    committed as they are, the keys a few dozen bytes a message."""
     from pyspark import TaskContext
 
     from js_etl.spark.source_decode import BatchDecoder
@@ -442,14 +475,16 @@ def fetch_decode_write(fetch: FetchPlan, plan: ColumnarPlan, round_no: int,
                 dead_letters = _dead_letters(decoded.filter(dead), error.filter(dead),
                                              payloads.filter(dead))
                 dead_bytes += dead_letters.nbytes
-                yield dead_letters
+                files.add_dead_letters(dead_letters)
             else:
                 files.add(rows)  # a filter would copy every payload byte (~1 s per 400 MB)
-        written = files.close()
+        written, dead_file = files.close()
     if written:  # the attempt dies with its files on disk: they must never be committed
         fail_first_attempt("fail_write_task", fetch.fault)
     for description in written:
         yield _output_row(file=description.to_json())
+    if dead_file is not None:
+        yield _output_row(dead_letters=dead_file.to_json())
 
 
 def _key_blob(decoded: pa.RecordBatch, dead: pa.Array, payloads: pa.Array) -> bytes:
@@ -463,34 +498,30 @@ def _key_blob(decoded: pa.RecordBatch, dead: pa.Array, payloads: pa.Array) -> by
     return bytes(sink.getvalue())
 
 
-def read_key_blobs(blobs: list[bytes]) -> pa.Table:
-    """The round's keys from its tasks' blobs (:func:`_key_blob`), on the driver."""
-    batches = [batch for blob in blobs for batch in pa.ipc.open_stream(blob)]
-    return pa.Table.from_batches(batches, schema=KEY_SCHEMA)
-
-
 def _dead_letters(decoded: pa.RecordBatch, error: pa.Array, payloads: pa.Array
                   ) -> pa.RecordBatch:
-    columns = {name: decoded.column(name) for name in OUTPUT_SCHEMA.names
+    columns = {name: decoded.column(name) for name in ROUND_SCHEMA.names
                if name in decoded.schema.names}
     columns.update({"data": payloads, "error": error,
                      "_js_etl_payload_bytes": pc.binary_length(payloads).cast(pa.int64())})
     n = decoded.num_rows
     return pa.RecordBatch.from_arrays(
-        [columns.get(f.name, pa.nulls(n, f.type)) for f in OUTPUT_SCHEMA], schema=OUTPUT_SCHEMA)
+        [columns.get(f.name, pa.nulls(n, f.type)) for f in ROUND_SCHEMA], schema=ROUND_SCHEMA)
 
 
-def _output_row(*, keys: bytes | None = None, file: str | None = None) -> pa.RecordBatch:
-    values = {"keys": pa.array([keys], pa.binary()), "file": pa.array([file], pa.string())}
-    return pa.RecordBatch.from_arrays([values.get(f.name, pa.nulls(1, f.type))
-                                       for f in OUTPUT_SCHEMA], schema=OUTPUT_SCHEMA)
+def _output_row(*, keys: bytes | None = None, file: str | None = None,
+                dead_letters: str | None = None) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays(
+        [pa.array([keys], pa.binary()), pa.array([file], pa.string()),
+         pa.array([dead_letters], pa.string())], schema=_OUTPUT_SCHEMA)
 
 
 class _TaskFiles:
     """A task's Parquet files, one per distinct partition value of its rows, written a row
     group at a time as the batches come: a task holds less than :data:`ROW_GROUP_BYTES` of
     decoded rows (over all its files; then every file writes what it holds), not its whole
-    share of the round.
+    share of the round. And one file of its dead letters, if it has any, written a batch's
+    dead letters at a time.
 
     Why on (measured, issue 14): holding every decoded batch until the task's end made each
     batch's buffers fresh pages from the OS. pyarrow's JSON parse of 8 MB of 4 KiB payloads
@@ -507,13 +538,23 @@ class _TaskFiles:
         self._files: dict[tuple[Any, ...], _OpenFile] = {}
         self._written: list[WrittenFile] = []
         self._opened = 0
+        self._dead: _OpenFile | None = None
 
     def __enter__(self) -> _TaskFiles:
         return self
 
     def __exit__(self, *failure: object) -> None:
-        for file in self._files.values():  # after a failure: the attempt's files stay unnamed
+        # After a failure: the attempt's files stay unnamed.
+        for file in [*self._files.values(), *([self._dead] if self._dead else [])]:
             file.writer.close()
+
+    def add_dead_letters(self, rows: pa.RecordBatch) -> None:
+        if self._dead is None:
+            self._dead = _OpenFile(self._plan.directory,
+                                   f"{self._name}-dead-letters-{uuid.uuid4().hex}.snappy.parquet",
+                                   {}, ROUND_SCHEMA)
+        self._dead.hold(rows)
+        self._dead.flush()
 
     def add(self, rows: pa.RecordBatch) -> None:
         if not rows.num_rows:
@@ -536,10 +577,11 @@ class _TaskFiles:
             for file in self._files.values():
                 file.flush()
 
-    def close(self) -> list[WrittenFile]:
-        """Every file closed: what the task wrote."""
+    def close(self) -> tuple[list[WrittenFile], WrittenFile | None]:
+        """Every file closed: the files of rows the task wrote, and of dead letters."""
         self._close_open()
-        return self._written
+        dead, self._dead = self._dead, None
+        return self._written, dead.close() if dead else None
 
     def _close_open(self) -> None:
         self._written += [file.close() for file in self._files.values()]
@@ -652,7 +694,7 @@ class _Stats:
                            "nullCount": self.nulls}, separators=(",", ":"))
 
 
-def _output_schema() -> pa.Schema:
+def _round_schema() -> pa.Schema:
     from js_etl.spark.fetch import ARROW_SCHEMA
 
     origin = {f.name: f.type for f in ARROW_SCHEMA}
@@ -660,8 +702,9 @@ def _output_schema() -> pa.Schema:
         ("seq", pa.int64()), ("stream", pa.string()), ("subject", pa.string()),
         ("consumer_seq", pa.int64()), ("num_delivered", pa.int64()),
         ("published_at", origin["published_at"]), ("headers", origin["headers"]),
-        ("data", pa.binary()), ("error", pa.string()), ("_js_etl_payload_bytes", pa.int64()),
-        ("keys", pa.binary()), ("file", pa.string())])
+        ("data", pa.binary()), ("error", pa.string()), ("_js_etl_payload_bytes", pa.int64())])
 
 
-OUTPUT_SCHEMA = _output_schema()
+ROUND_SCHEMA = _round_schema()  # ROUND_DDL in Arrow
+_OUTPUT_SCHEMA = pa.schema([("keys", pa.binary()), ("file", pa.string()),
+                            ("dead_letters", pa.string())])

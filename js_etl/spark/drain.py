@@ -10,12 +10,15 @@ and fetching from a durable consumer is a side effect — a recomputed partition
    payload is decoded in the same pass, so the checkpoint holds the decoded rows.
    ``spark.speculation`` is refused: two attempts of one fetch task would both fetch, and
    different jobs could read different attempts' blocks.
-2. Table rows and dead-letter rows are written from that checkpoint, one Delta transaction per
-   table, tagged with the job and round (see :mod:`js_etl.spark.delta`).
+   The columnar writer's tasks write their rows and dead letters to files themselves, so its
+   fetch runs as one collect of their small output instead, never read again
+   (:mod:`js_etl.spark.columnar`); what follows holds for both.
+2. Table rows and dead-letter rows are written from that checkpoint (or those files), one Delta
+   transaction per table, tagged with the job and round (see :mod:`js_etl.spark.delta`).
 3. Acks are built from what the tables hold for the round's sequences, read back through Delta
-   — never from the checkpoint or a fetch. Dead letters get ``+TERM`` with their reason, table
-   rows ``+ACK``. Every ack block is *confirmed applied* before anything else happens
-   (:mod:`js_etl.jetstream.ack`): a flush only proves the server read them.
+   — never from the checkpoint, the task output or a fetch. Dead letters get ``+TERM`` with
+   their reason, table rows ``+ACK``. Every ack block is *confirmed applied* before anything
+   else happens (:mod:`js_etl.jetstream.ack`): a flush only proves the server read them.
 
 Exactly-once rests on these mechanisms, each holding whatever the timing:
 
@@ -92,7 +95,7 @@ from js_etl.jetstream import (
 from js_etl.jetstream.ack import ACK, AckBlock, ack_block, nak_body, term_body
 from js_etl.report import LogProgress, Progress, RunReport, StopReason
 from js_etl.spark import columnar
-from js_etl.spark.columnar import ColumnarPlan, WrittenFile, fetch_decode_write
+from js_etl.spark.columnar import ColumnarPlan, RoundOutput, WrittenFile, fetch_decode_write
 from js_etl.spark.decode import PAYLOAD_BYTES, Decoder, with_partition_columns
 from js_etl.spark.delta import CommitTag, ack_keys, create_empty, job_tables, rows_in_range
 from js_etl.spark.fetch import RAW_DDL, FetchPlan, fetch_partition
@@ -108,6 +111,8 @@ from js_etl.spark.rounds import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
@@ -400,7 +405,9 @@ class Drain:
 
     # --- rounds -----------------------------------------------------------------------------
     def _fetch(self, size: RoundSize, info: ConsumerInfo, round_no: int
-               ) -> tuple[DataFrame, set[int]]:
+               ) -> tuple[DataFrame | RoundOutput, set[int]]:
+        """The round's fetch, run once: checkpointed rows (and the ids of the blocks to free
+        after the round), or the columnar writer's collected task output."""
         ack_wait = self._ack_wait = info.config.ack_wait or DEFAULT_ACK_WAIT
         plan = FetchPlan(
             options=self.options, stream=self.source.stream, consumer=self.source.consumer,
@@ -416,15 +423,13 @@ class Drain:
                            if self.fault == "slow_task_start" else ack_wait + 1))
         with self.report.phase("fetch"):
             tasks = self.spark.range(size.partitions, numPartitions=size.partitions)
-            if self.columnar:  # decoded, and the good rows written, by the fetch task itself
-                flagged = tasks.mapInArrow(
+            if self.columnar:  # decoded and written to files by the fetch tasks themselves
+                return RoundOutput.of(tasks.mapInArrow(
                     partial(fetch_decode_write, plan, self.columnar, round_no),
-                    columnar.OUTPUT_DDL)
-            else:
-                flagged = self.decoder.flag(
-                    tasks.mapInArrow(partial(fetch_partition, plan), RAW_DDL),
-                    park_after=self.park_after)
-            fetched, blocks = self._checkpoint(flagged)
+                    columnar.OUTPUT_DDL).toArrow()), set()
+            fetched, blocks = self._checkpoint(self.decoder.flag(
+                tasks.mapInArrow(partial(fetch_partition, plan), RAW_DDL),
+                park_after=self.park_after))
             if self.fault == "lose_checkpoint":
                 self._release_blocks(blocks)  # as if the executor holding them had died
             return fetched, blocks
@@ -461,21 +466,24 @@ class Drain:
             "seq", F.col("error").isNotNull().alias("dead"),
             F.col(PAYLOAD_BYTES).alias("bytes")).toArrow())
 
-    def _commit_and_ack(self, js: JetStreamSession, lock: TableLock, fetched: DataFrame,
-                        round_no: int) -> bool:
+    def _commit_and_ack(self, js: JetStreamSession, lock: TableLock,
+                        fetched: DataFrame | RoundOutput, round_no: int) -> bool:
         """Write the round, then ack what the tables hold for its sequences. Returns False when
         the round fetched nothing."""
-        files: list[WrittenFile] = []
-        if self.columnar:
-            with self.report.phase("write"):
-                keys, files = self._collect_round(fetched)
-            if not keys.num_rows:
+        if not isinstance(fetched, RoundOutput):
+            return self._commit_spark(js, lock, fetched, [], round_no)
+        try:
+            if not fetched.keys.num_rows:
                 return False
-            if self._commit_columnar(js, lock, fetched, keys, files, round_no):
+            if self._commit_columnar(js, lock, fetched, round_no):
                 return True
             # A seq twice, or one a table holds: Spark's path, which has the rules for both.
-            fetched = self._as_spark_round(fetched, keys)
-        return self._commit_spark(js, lock, fetched, files, round_no)
+            return self._commit_spark(js, lock, self._as_spark_round(fetched),
+                                      list(fetched.files), round_no)
+        finally:
+            # Read into the dead-letter table's append by now, or never to be: their messages
+            # are not acked.
+            self._remove(fetched.dead_letters)
 
     def _commit_spark(self, js: JetStreamSession, lock: TableLock, fetched: DataFrame,
                       files: list[WrittenFile], round_no: int) -> bool:
@@ -559,29 +567,17 @@ class Drain:
         report.last_seq = max(x for x in (report.last_seq, stats.last) if x is not None)
 
     # --- the columnar round (js_etl.spark.columnar) ------------------------------------------
-    def _collect_round(self, fetched: DataFrame) -> tuple[pa.Table, list[WrittenFile]]:
-        """The round's keys (one blob per pull) and the files its tasks wrote: one small
-        collect, the dead letters stay in the checkpoint."""
-        from pyspark.sql import functions as F
-
-        rows = fetched.where(F.col("error").isNull()).select("keys", "file").toArrow()
-        blobs = [b for b in rows.column("keys").to_pylist() if b is not None]
-        files = [WrittenFile.from_json(f) for f in rows.column("file").to_pylist()
-                 if f is not None]
-        return columnar.read_key_blobs(blobs), files
-
-    def _commit_columnar(self, js: JetStreamSession, lock: TableLock, fetched: DataFrame,
-                         keys: pa.Table, files: list[WrittenFile], round_no: int) -> bool:
+    def _commit_columnar(self, js: JetStreamSession, lock: TableLock, fetched: RoundOutput,
+                         round_no: int) -> bool:
         """Commit the files as they are and ack, when the round holds each seq once and neither
         table holds any of them; else False, with nothing written. The same steps and checks
         as :meth:`_commit_spark` otherwise: dead letters appended by Spark, the round's files
         committed in one transaction (:meth:`DeltaTarget.commit_files`), acks from what the
         tables hold for the round's seqs afterwards, read through Delta."""
         import pyarrow.compute as pc
-        from pyspark.sql import functions as F
 
         assert self.columnar is not None
-        stream, directory = self.source.stream, self.columnar.directory
+        stream, directory, keys = self.source.stream, self.columnar.directory, fetched.keys
         with self.report.phase("write"):
             stats = RoundStats.of(keys)
             first, last = stats.first, stats.last
@@ -595,17 +591,16 @@ class Drain:
                 return False  # rare: Spark's path compares the dead letters it holds
             tag = CommitTag(self.config.job_id, self.run_id, round_no, self.ack_prefix, first,
                             last)
-            self._check_files(files, stats.n - stats.dead)  # before anything is committed
+            self._check_files(fetched, stats)  # before anything is committed
             if stats.dead:
                 lock.check()
                 self.report.dead_letter_versions.append(self.dead_letters.append(
-                    self.spark, self.decoder.dead_letters(fetched.where(F.col("error")
-                                                                        .isNotNull())),
+                    self.spark, self.decoder.dead_letters(self._read_dead_letters(fetched)),
                     tag, partition_by=[], merge_schema=False))
             if stats.n > stats.dead:
                 lock.check()
                 self.report.delta_versions.append(
-                    self.target.commit_files(self.spark, directory, files, tag))
+                    self.target.commit_files(self.spark, directory, list(fetched.files), tag))
         faults.kill_here("kill_after_commit")
         faults.stall_here("stall_before_ack", self._ack_wait + 1)
         with self.report.phase("ack"):
@@ -620,28 +615,46 @@ class Drain:
         self._count_round(stats)
         return True
 
-    def _as_spark_round(self, fetched: DataFrame, keys: pa.Table) -> DataFrame:
+    def _as_spark_round(self, fetched: RoundOutput) -> DataFrame:
         """A columnar round as the Spark path's checkpoint rows: the good deliveries' keys (the
         rows themselves are in the files) and the dead letters."""
         import pyarrow as pa
         import pyarrow.compute as pc
-        from pyspark.sql import functions as F
 
+        keys = fetched.keys
         good = keys.filter(pc.invert(keys.column("dead")))
         n = good.num_rows
-        schema = columnar.OUTPUT_SCHEMA
+        schema = columnar.ROUND_SCHEMA
         given = {"seq": good.column("seq"), "consumer_seq": good.column("consumer_seq"),
                  "num_delivered": good.column("num_delivered"),
                  PAYLOAD_BYTES: good.column("bytes")}
         rows = pa.table([given.get(f.name, pa.nulls(n, f.type)) for f in schema], schema=schema)
-        return (self.spark.createDataFrame(rows, columnar.OUTPUT_DDL)
-                .unionByName(fetched.where(F.col("error").isNotNull())))
+        return self.spark.createDataFrame(rows, columnar.ROUND_DDL).unionByName(
+            self._read_dead_letters(fetched))
 
-    def _check_files(self, files: list[WrittenFile], good: int) -> None:
-        written = sum(f.rows for f in files)
-        if written != good:  # cannot happen: a task's files and its key rows come together
-            raise TerminalError(f"the round's files hold {written} rows, its good messages are "
-                                f"{good}: nothing of this round is committed or acked")
+    def _check_files(self, fetched: RoundOutput, stats: RoundStats) -> None:
+        """Cannot fail: a task's files and its keys come together."""
+        for kind, files, expected in (("rows", fetched.files, stats.n - stats.dead),
+                                      ("dead letters", fetched.dead_letters, stats.dead)):
+            written = sum(f.rows for f in files)
+            if written != expected:
+                raise TerminalError(
+                    f"the round's files hold {written} {kind}, its keys say {expected}: "
+                    "nothing of this round is committed or acked")
+
+    def _read_files(self, files: Iterable[WrittenFile], schema: str | None = None
+                    ) -> DataFrame:
+        """Files the round's tasks wrote, read by Spark."""
+        assert self.columnar is not None
+        # Spark reads a path as a glob pattern: a table directory named t[1] matched nothing.
+        directory = re.sub(r"([\\\[\]{}*?])", r"\\\1", self.columnar.directory)
+        reader = self.spark.read if schema is None else self.spark.read.schema(schema)
+        return reader.parquet(*[f"file://{directory}/{f.path}" for f in files])
+
+    def _read_dead_letters(self, fetched: RoundOutput) -> DataFrame:
+        if not fetched.dead_letters:
+            return self.spark.createDataFrame([], columnar.ROUND_DDL)
+        return self._read_files(fetched.dead_letters, columnar.ROUND_DDL)
 
     def _good_rows(self, fetched: DataFrame, files: list[WrittenFile]) -> DataFrame:
         """The round's table rows: decoded from the checkpoint, or — columnar — read back from
@@ -651,14 +664,10 @@ class Drain:
             return self.decoder.rows(fetched)
         from pyspark.sql import functions as F
 
-        assert self.columnar is not None
         keep = fetched.where(F.col("error").isNull()).select("seq", "consumer_seq")
-        # Spark reads a path as a glob pattern: a table directory named t[1] matched nothing.
-        directory = re.sub(r"([\\\[\]{}*?])", r"\\\1", self.columnar.directory)
-        paths = [f"file://{directory}/{f.path}" for f in files]
-        return self.spark.read.parquet(*paths).join(keep, ["seq", "consumer_seq"], "left_semi")
+        return self._read_files(files).join(keep, ["seq", "consumer_seq"], "left_semi")
 
-    def _remove(self, files: list[WrittenFile]) -> None:
+    def _remove(self, files: Iterable[WrittenFile]) -> None:
         for f in files:
             assert self.columnar is not None
             try:

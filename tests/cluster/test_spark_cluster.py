@@ -113,13 +113,15 @@ def test_a_worker_killed_mid_round_is_transient_and_the_next_run_takes_every_mes
         cjs: JetStreamSession, names: Any, tmp_path: Path) -> None:
     """Two spark-submit runs of the README's command on the standalone cluster.
 
-    1. The run is held right after its first round's fetch is checkpointed (fault point
-       ``hold_after_fetch``): each of the two executors holds the checkpoint block of one fetch
-       partition. A worker JVM and its executor are SIGKILLed, then the run goes on: the round
-       cannot be committed without the lost block, and the run must end with the documented
-       transient exit 75 and say an executor was lost, with nothing acked.
-    2. The worker back and more messages published: the next run drains all of them on both
-       workers' executors and exits 0; every message is in the table exactly once.
+    1. The run (Spark's writer, whose round lives in a checkpoint on the executors) is held
+       right after its first round's fetch is checkpointed (fault point ``hold_after_fetch``):
+       each of the two executors holds the checkpoint block of one fetch partition. A worker JVM
+       and its executor are SIGKILLed, then the run goes on: the round cannot be committed
+       without the lost block, and the run must end with the documented transient exit 75 and
+       say an executor was lost, with nothing acked.
+    2. The worker back and more messages published: the next run (the columnar writer, which
+       ``target.writer=auto`` picks here) drains all of them on both workers' executors and
+       exits 0; every message is in the table exactly once.
 
     (One test, not two: each spark-submit starts a driver JVM and two executors that unpack the
     111 MiB environment, ~50 s of the suite's longest chain on this box. Without the hold, a kill
@@ -132,7 +134,8 @@ def test_a_worker_killed_mid_round_is_transient_and_the_next_run_takes_every_mes
     started = time.monotonic()
     try:
         with Submitted(submit_command(spark_cluster, executor_env, *job_args(
-                names, nats_cluster, table, tmp_path / "first.json", "fetch.partitions=2")),
+                names, nats_cluster, table, tmp_path / "first.json", "fetch.partitions=2",
+                "target.writer=spark")),
                 tmp_path, JS_ETL_FAULT="hold_after_fetch", JS_ETL_FAULT_GATE=str(gate)) as first:
             try:
                 wait_for(lambda: (gate / "held").exists() or first.proc.poll() is not None,
@@ -160,7 +163,7 @@ def test_a_worker_killed_mid_round_is_transient_and_the_next_run_takes_every_mes
             tmp_path) as second:
         assert second.wait() == 0, second.output
     report = json.loads((tmp_path / "second.json").read_text())
-    assert report["messages_written"] == n, report
+    assert (report["writer"], report["messages_written"]) == ("columnar", n), report
     assert report["stopped_because"] in ("drained", "target_reached"), report
     assert_exactly_once(cjs, names, table, n)
     # The second run's work ran on both workers' executors, not in the driver: the master saw

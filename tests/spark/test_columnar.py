@@ -336,6 +336,41 @@ def test_a_round_holding_rows_the_table_has_goes_through_the_spark_writer(
     assert (info.num_pending, info.num_ack_pending) == (0, 0)
 
 
+def test_dead_letters_travel_as_task_files_removed_after_the_round_on_either_commit(
+        spark, js, names, nats_server, tmp_path):
+    """A columnar round's tasks write their dead letters to files of their own, which the
+    dead-letter table's append reads and the round then removes: on the columnar commit, and on
+    a round that goes through the Spark writer (here a second consumer's, whose rounds hold
+    sequences both tables have) — each message once in its table, no task file left over."""
+    add_stream(js, names)
+    payloads = [json.dumps({"id": i}).encode() if i % 7 else b'{"id": "bad"}'
+                for i in range(300)]
+    publish_and_wait(js, names, [(f"{names.prefix}.e", p) for p in payloads])
+    table = tmp_path / "t"
+    bad = {i + 1 for i in range(300) if not i % 7}  # their stream sequences
+
+    first = run_drain(spark, config(names, nats_server.url, table, f"{names.consumer}_a",
+                                    "run.max_messages=150"))
+    second = run_drain(spark, config(names, nats_server.url, table, f"{names.consumer}_b"))
+
+    assert first.writer == "columnar"
+    assert (first.messages_written + first.dead_letters, first.already_committed) == (150, 0)
+    assert second.already_committed == 150
+    assert (first.dead_letters + second.dead_letters,
+            first.messages_written + second.messages_written) == (len(bad), 300 - len(bad))
+    dead = spark.read.format("delta").load(f"{table}_dead_letters")
+    assert sorted(r.seq for r in dead.select("seq").collect()) == sorted(bad)
+    assert {(r.error is not None, bytes(r.data)) for r in dead.collect()} == {
+        (True, b'{"id": "bad"}')}
+    rows = sorted(r.seq for r in DeltaTarget(str(table)).read(spark).select("seq").collect())
+    assert rows == sorted(set(range(1, 301)) - bad)
+    for report in (first, second):  # every dead-letter file removed, committed or read back
+        assert not {f for f in columnar_files(table, report.run_id) if "dead-letters" in f}
+    assert not columnar_files(table, second.run_id)
+    info = settled(js, names.stream, f"{names.consumer}_b")
+    assert (info.num_pending, info.num_ack_pending) == (0, 0)
+
+
 def test_the_writer_is_chosen_before_the_first_round_and_reported(spark, js, names, nats_server,
                                                                   tmp_path):
     add_stream(js, names)

@@ -154,13 +154,15 @@ def test_driver_sigkilled_then_recovery_run(fault, spark, js, names, nats_server
 def test_an_executor_lost_after_the_checkpoint_is_transient_and_the_next_run_completes(
         spark, js, names, nats_server, tmp_path):
     """The round's checkpoint blocks vanish (the executor holding them died): the run fails with
-    the transient exit 75 and says why, and the next run takes every message exactly once."""
+    the transient exit 75 and says why, and the next run takes every message exactly once.
+    (Spark's writer: the columnar writer's round has no checkpoint to lose.)"""
     messages, good, bad = events(names, 300, poison_every=50)
     setup_stream(js, names, messages)
     table = tmp_path / "table"
     marker = uuid.uuid4().hex
 
-    proc = drain_process(names, nats_server.url, table, "lose_checkpoint", marker)
+    proc = drain_process(names, nats_server.url, table, "lose_checkpoint", marker,
+                         "target.writer=spark")
     _, err = proc.communicate(timeout=180)
     assert proc.returncode == 75, f"expected exit 75, got {proc.returncode}: {err[-800:]}"
     assert "an executor was lost during the run (CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND)" in err
