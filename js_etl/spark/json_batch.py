@@ -159,10 +159,7 @@ def _screened(data: pa.Array) -> bool:
         return False
     # Every payload holds at least one "{" (its first byte), so no payload holds more brackets
     # than the batch's total less n - 1; only above the bound are payloads counted one by one.
-    if brackets - (n - 1) <= MAX_BRACKETS:
-        return True
-    return bool(pc.all(pc.less_equal(pc.count_substring_regex(data, rb"[{\[]"),
-                                     MAX_BRACKETS)).as_py())
+    return brackets - (n - 1) <= MAX_BRACKETS or _most_brackets(data) <= MAX_BRACKETS
 
 
 def _scan(text: memoryview, chunk: int = _SCAN_CHUNK) -> int | None:
@@ -196,6 +193,29 @@ def _scan(text: memoryview, chunk: int = _SCAN_CHUNK) -> int | None:
         np.bitwise_and(own, 0xDF, out=folded[:n])
         brackets += int(np.count_nonzero(np.equal(folded[:n], 0x5B, out=flags[:n])))
     return brackets
+
+
+def _most_brackets(data: pa.Array, chunk: int = _SCAN_CHUNK) -> int:
+    """The most ``{`` and ``[`` one payload of ``data`` holds, or any count over
+    :data:`MAX_BRACKETS` once one is found: the brackets' positions, a chunk of the batch's
+    buffer at a time, each assigned to its payload by the payloads' offsets. The count of every
+    batch whose payloads nest objects or arrays in fields the schema ignores: measured on 4,000
+    such payloads of 4 KiB (16 MB), 4.6 ms, where Arrow's ``count_substring_regex`` took 25 (the
+    whole parse of the batch 27)."""
+    _, offsets, _ = data.buffers()
+    bounds = np.frombuffer(offsets, np.int32)[data.offset:data.offset + len(data) + 1]
+    starts = bounds[:-1] - bounds[0]
+    values = np.frombuffer(_values(data), np.uint8)
+    counts = np.zeros(len(data), np.int64)
+    for start in range(0, len(values), chunk):
+        own = values[start:start + chunk]
+        at = np.flatnonzero(np.bitwise_and(own, 0xDF) == 0x5B) + start  # as in _scan
+        if len(at):
+            owners = np.searchsorted(starts, at, side="right") - 1
+            counts += np.bincount(owners, minlength=len(counts))
+            if counts.max() > MAX_BRACKETS:
+                break
+    return int(counts.max())
 
 
 def _may_hold_long_run(piece: bytes) -> bool:

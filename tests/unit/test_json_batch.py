@@ -352,6 +352,25 @@ def test_the_chunked_scan_answers_as_the_whole_text_would(seed):
             assert _scan(memoryview(text), chunk) == _scan_whole(text), (text, chunk)
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_the_most_brackets_of_a_payload_are_counted_as_one_by_one(seed):
+    """json_batch._most_brackets against each payload's own count, for slices of random batches
+    and chunks that cut payloads anywhere; above MAX_BRACKETS only "more" matters."""
+    rng = random.Random(seed)
+    parts = [b"{", b"[", b"]", b"}", b"x", b"\xdb", b"\xfb", b"{" * 50, b"[" * 120]
+    for _ in range(100):
+        payloads = [b"{" + b"".join(rng.choice(parts) for _ in range(rng.randrange(0, 8)))
+                    for _ in range(rng.randrange(1, 12))]
+        data = pa.array([b"{pad", *payloads, b"[[["], pa.binary()).slice(1, len(payloads))
+        expected = max(p.count(b"{") + p.count(b"[") for p in payloads)
+        for chunk in (1, 3, 64, 1 << 20):
+            most = json_batch._most_brackets(data, chunk)
+            if expected <= MAX_BRACKETS:
+                assert most == expected, (payloads, chunk)
+            else:
+                assert most > MAX_BRACKETS, (payloads, chunk)
+
+
 def test_every_run_of_over_500_digits_is_found_wherever_it_starts():
     # The runs are found from a sample every 250 bytes: every run length and offset around it.
     for length in (250, 251, 252, 499, 500, 501, 502, 749, 750, 751, 1001):
