@@ -48,7 +48,7 @@ def test_rows_are_written_a_row_group_at_a_time_and_the_statistics_cover_the_fil
             # Never more than a row group's worth of rows held: the rest is in the file.
             held = sum(f.pending_bytes for f in files._files.values())
             assert held < columnar.ROW_GROUP_BYTES
-        (written,) = files.close()
+        (written,) = files.close()[0]
     parquet = pq.ParquetFile(tmp_path / written.path)
     assert parquet.metadata.num_row_groups == 5
     assert parquet.read().column("seq").to_pylist() == list(range(1, 1001))
@@ -67,7 +67,7 @@ def test_each_partition_value_gets_its_own_file_across_batches(tmp_path):
                     PartitionColumn("kind", "kind")) as files:
         files.add(pa.concat_batches([rows(1, 3, DAY_1), rows(4, 2, DAY_2)]))
         files.add(pa.concat_batches([rows(6, 1, DAY_2), rows(7, 4, DAY_2, "refund")]))
-        written = {tuple(f.partition_values.values()): f for f in files.close()}
+        written = {tuple(f.partition_values.values()): f for f in files.close()[0]}
     assert {key: json.loads(f.stats)["minValues"]["seq"] for key, f in written.items()} == {
         ("2026-11-24", "order"): 1, ("2026-11-25", "order"): 4, ("2026-11-25", "refund"): 7}
     day_2 = written[("2026-11-25", "order")]
@@ -86,7 +86,7 @@ def test_the_rows_held_are_bounded_over_all_files_not_per_file(
                                          rows(first + 25, 25, DAY_1, f"k{first % 5}")]))
             held = sum(f.pending_bytes for f in files._files.values())
             assert held < columnar.ROW_GROUP_BYTES
-        written = files.close()
+        written = files.close()[0]
     assert len(written) == 7  # k0 .. k6
     seqs = sorted(s for f in written
                   for s in pq.read_table(tmp_path / f.path).column("seq").to_pylist())
@@ -102,7 +102,7 @@ def test_a_task_keeps_at_most_max_open_files_open(tmp_path, monkeypatch: pytest.
             files.add(pa.concat_batches([rows(first + i, 1, DAY_1, f"k{(first + i) % 8}")
                                          for i in range(20)]))
             assert len(files._files) <= 3
-        written = files.close()
+        written = files.close()[0]
     assert len(written) == len({f.path for f in written}) > 8  # some values have two files
     assert {f.partition_values["kind"] for f in written} == {f"k{i}" for i in range(8)}
     seqs = sorted(s for f in written
@@ -117,7 +117,7 @@ def test_stream_statistics_are_dropped_only_when_the_files_largest_name_is_long(
         files.add(long_first)
         files._files[()].flush()  # two row groups
         files.add(short_then)
-        (written,) = files.close()
+        (written,) = files.close()[0]
     stats = json.loads(written.stats)
     assert (stats["minValues"]["stream"], stats["maxValues"]["stream"]) == ("A" * 40, "Z")
 
@@ -127,7 +127,7 @@ def test_a_long_stream_name_has_no_string_statistics(tmp_path):
     batch = batch.set_column(1, "stream", pa.array(["S" * 33] * 2))
     with task_files(tmp_path) as files:
         files.add(batch)
-        (written,) = files.close()
+        (written,) = files.close()[0]
     stats = json.loads(written.stats)
     assert "stream" not in stats["minValues"] and "stream" not in stats["maxValues"]
     assert stats["minValues"]["seq"] == 1
@@ -139,3 +139,32 @@ def test_a_failed_task_closes_its_files_and_names_none(tmp_path):
         raise RuntimeError("the fetch failed")
     (file,) = files._files.values()  # its file handle released; the file is in no answer
     assert not file.writer.is_open
+
+
+def dead_letters(first: int, n: int) -> pa.RecordBatch:
+    given = {"seq": pa.array(range(first, first + n), pa.int64()),
+             "stream": pa.array(["ORDERS"] * n),
+             "data": pa.array([b"\xff not json"] * n, pa.binary()),
+             "error": pa.array(["not JSON"] * n)}
+    return pa.RecordBatch.from_arrays(
+        [given.get(f.name, pa.nulls(n, f.type)) for f in columnar.ROUND_SCHEMA],
+        schema=columnar.ROUND_SCHEMA)
+
+
+def test_a_tasks_dead_letters_go_to_one_file_of_their_own_written_as_they_come(tmp_path):
+    with task_files(tmp_path) as files:
+        files.add(rows(1, 10, DAY_1))
+        files.add_dead_letters(dead_letters(11, 3))
+        assert files._dead is not None and not files._dead.pending  # written, not held
+        files.add(rows(14, 10, DAY_1))
+        files.add_dead_letters(dead_letters(24, 2))
+        written, dead = files.close()
+    assert [f.rows for f in written] == [20] and dead is not None and dead.rows == 5
+    assert dead.path.startswith("part-run-r1-t0-dead-letters-") and dead.partition_values == {}
+    table = pq.read_table(tmp_path / dead.path)
+    assert table.schema == columnar.ROUND_SCHEMA
+    assert table.column("seq").to_pylist() == [11, 12, 13, 24, 25]
+    assert set(table.column("data").to_pylist()) == {b"\xff not json"}
+    with task_files(tmp_path) as files:  # no dead letters, no file
+        files.add(rows(1, 10, DAY_1))
+        assert files.close()[1] is None
