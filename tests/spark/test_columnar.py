@@ -340,8 +340,9 @@ def test_dead_letters_travel_as_task_files_removed_after_the_round_on_either_com
         spark, js, names, nats_server, tmp_path):
     """A columnar round's tasks write their dead letters to files of their own, which the
     dead-letter table's append reads and the round then removes: on the columnar commit, and on
-    a round that goes through the Spark writer (here a second consumer's, whose rounds hold
-    sequences both tables have) — each message once in its table, no task file left over."""
+    a round that goes through the Spark writer (here a second and a third consumer's, whose
+    rounds hold sequences both tables have) — each message once in its table, no task file left
+    over."""
     add_stream(js, names)
     payloads = [json.dumps({"id": i}).encode() if i % 7 else b'{"id": "bad"}'
                 for i in range(300)]
@@ -367,8 +368,14 @@ def test_dead_letters_travel_as_task_files_removed_after_the_round_on_either_com
     for report in (first, second):  # every dead-letter file removed, committed or read back
         assert not {f for f in columnar_files(table, report.run_id) if "dead-letters" in f}
     assert not columnar_files(table, second.run_id)
-    info = settled(js, names.stream, f"{names.consumer}_b")
-    assert (info.num_pending, info.num_ack_pending) == (0, 0)
+    # A third consumer's round holds only sequences the tables have: nothing is written, and
+    # its tasks' files are removed all the same.
+    third = run_drain(spark, config(names, nats_server.url, table, f"{names.consumer}_c"))
+    assert (third.messages_written, third.dead_letters, third.already_committed) == (0, 0, 300)
+    assert not columnar_files(table, third.run_id)
+    for name in ("b", "c"):
+        info = settled(js, names.stream, f"{names.consumer}_{name}")
+        assert (info.num_pending, info.num_ack_pending) == (0, 0)
 
 
 def test_the_writer_is_chosen_before_the_first_round_and_reported(spark, js, names, nats_server,
