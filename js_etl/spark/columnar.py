@@ -4,15 +4,16 @@ table's Parquet files itself; the driver commits them in one Delta transaction p
 Why (issue 14): on the Spark writer every message crosses the JVM row by row — Arrow to rows,
 ``from_json`` with a parser per payload, the round's checkpoint of full rows, Parquet encoding —
 and that, not the pull, was most of a round's CPU. Here the JVM sees only what the round needs
-to decide and ack: one small key row per message, the dead letters, and one row per file.
+to decide and ack: one blob of keys per pull and one row per file (and the dead letters, in the
+dead-letter table's append).
 
 The round is one Spark job: its tasks write the good rows *and* the dead letters to files, and
 their output (:data:`OUTPUT_DDL`: one blob of keys per pull, one description per file) is
 collected on the driver, which is the only read of it. So the fetch runs exactly once without
 the Spark writer's eager local checkpoint (:mod:`js_etl.spark.drain`), which cost a second Spark
-job a round (js-etl bench, 1M x 256 B in 5 rounds: the write phase took 0.58-0.65 s with the
-checkpoint and its collect, 0.22 s without). What the rest of the round relies on, and why it
-still holds:
+job a round (js-etl bench --legs js_etl, three alternating runs each, 1M x 256 B in 5 rounds:
+the write phase took 0.64-0.69 s with the checkpoint and its collect, 0.19-0.24 s without).
+What the rest of the round relies on, and why it still holds:
 
 * **A failed task attempt's files are never committed.** Only files named in the collected
   output are committed, and a failed attempt's output is not in it. Its files stay in the table
@@ -544,9 +545,10 @@ class _TaskFiles:
         return self
 
     def __exit__(self, *failure: object) -> None:
-        # After a failure: the attempt's files stay unnamed.
-        for file in [*self._files.values(), *([self._dead] if self._dead else [])]:
+        for file in self._files.values():  # after a failure: the attempt's files stay unnamed
             file.writer.close()
+        if self._dead is not None:
+            self._dead.writer.close()
 
     def add_dead_letters(self, rows: pa.RecordBatch) -> None:
         if self._dead is None:

@@ -481,8 +481,8 @@ class Drain:
             return self._commit_spark(js, lock, self._as_spark_round(fetched),
                                       list(fetched.files), round_no)
         finally:
-            # Read into the dead-letter table's append by now, or never to be: their messages
-            # are not acked.
+            # In the dead-letter table by now; or the round failed, and their messages, never
+            # acked, come back.
             self._remove(fetched.dead_letters)
 
     def _commit_spark(self, js: JetStreamSession, lock: TableLock, fetched: DataFrame,
