@@ -211,6 +211,11 @@ def test_pulls_across_a_server_restart():
             # After the reconnect the same puller works again.
             wait_until(lambda: _reconnected(js, 1), bool, timeout=5)
             pub(js, "r.x", 3)
+            # A no_wait pull answers 404 from the consumer's pending count (nats-server
+            # processNextMsgRequest: numPending()), which counts a stored message a moment
+            # after its PubAck: with two suites on the box a pull got 404 with all 3 stored.
+            # Consumer info reports that same count: wait for it, then pull.
+            wait_until(lambda: js.consumer_info("R", "c").num_pending, lambda n: n == 3)
             again = js.pull(puller, 5, timeout=3)
             assert again.end is PullEnd.NO_MESSAGES and len(again.messages) == 3
 
