@@ -635,7 +635,8 @@ class Drain:
             self._read_dead_letters(fetched))
 
     def _check_files(self, fetched: RoundOutput, stats: RoundStats) -> None:
-        """Cannot fail: a task's files and its keys come together."""
+        """Stop before anything is committed if the files and the keys disagree (it cannot
+        happen: a task's files and its keys come together)."""
         for kind, files, expected in (("rows", fetched.files, stats.n - stats.dead),
                                       ("dead letters", fetched.dead_letters, stats.dead)):
             written = sum(f.rows for f in files)
