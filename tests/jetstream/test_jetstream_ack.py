@@ -221,7 +221,7 @@ def test_confirmed_block_is_applied_before_the_next_pull(js, js2, names, stream,
             naks = AckBlock.of(replies, nak_body())
             js2.run(js2.conn.nc.publish_block(naks.commands, naks.count))  # not confirmed
             assert js2.run(js2.acker.send(AckBlock.of(replies, ACK))) == 2000
-            result = js3.pull(other, 2000)
+            result = js3.pull(other, 2000, timeout=60)  # answered at once; bounds a failure
             assert result.end is PullEnd.NO_MESSAGES and result.messages == []
     info = js.consumer_info(stream, names.consumer)
     assert (info.num_ack_pending, info.num_pending, info.ack_floor.stream_seq) == (0, 0, 20_000)

@@ -31,19 +31,28 @@ from js_etl.jetstream.ack import ACK, AckBlock, nak_body, term_body
 from js_etl.jetstream.errors import ConsumerNotFoundError
 
 T = TypeVar("T")
+_PUBLISH_WINDOW = 1000
 
 
 async def publish(session: JetStreamSession, subject: str, n: int, size: int = 100,
                   payload: bytes | None = None) -> list[int]:
-    """Publish ``n`` messages and wait for every PubAck; returns the stream sequences in order."""
+    """Publish ``n`` messages and wait for every PubAck; returns the stream sequences in order.
+
+    At most ``_PUBLISH_WINDOW`` requests are in flight, so each request's timeout runs from its
+    own send, not from the start of a burst of thousands: with all 16,000 of a test sent at once,
+    the last PubAcks missed a 5 s timeout on a box running two suites. The timeout only bounds a
+    failing publish."""
     nc = session.conn.nc
     body = payload if payload is not None else b"x" * size
-    answers = await asyncio.gather(*(nc.request(subject, body, timeout=5) for _ in range(n)))
     seqs = []
-    for a in answers:
-        ack = json.loads(a.data)
-        assert "error" not in ack, ack
-        seqs.append(int(ack["seq"]))
+    for start in range(0, n, _PUBLISH_WINDOW):
+        count = min(_PUBLISH_WINDOW, n - start)
+        answers = await asyncio.gather(*(nc.request(subject, body, timeout=60)
+                                         for _ in range(count)))
+        for a in answers:
+            ack = json.loads(a.data)
+            assert "error" not in ack, ack
+            seqs.append(int(ack["seq"]))
     return seqs
 
 
