@@ -75,6 +75,15 @@ def fetch_seconds(config: JobConfig, ack_wait: float) -> float:
 # msg/s). Spark's writer has no default cap: its rounds cost several Spark jobs each, and
 # 100,000 made its drain 25,283 msg/s against 44,126.
 COLUMNAR_PARTITION_MESSAGES = 100_000
+# ... and its byte twin, for large messages: the flusher re-encodes the pending deliveries for as
+# long as the round's fetch keeps changing them, so the server's cost grows with how many a round
+# holds *times how long it fetches*, and a round of 4 KiB messages fetches ~16x the bytes of one
+# of 256 B. Measured with js-etl bench --legs js_etl --repeat 3, 200,000 x 4 KiB on 2 partitions
+# (2026-11-26, the CPU-s of all our processes, each run): 100,000 messages a partition (one
+# round) 13.3-15.0, nats-server 4.8-5.1 of it (the simple peer's leg: 3.4-3.8); 192 MiB
+# (~48,000 messages, 2 rounds) 10.2-12.7, nats-server 3.3-3.7; 96 MiB (4 rounds) 13.7-15.0, the
+# rounds' own cost winning again. It binds above ~2 KiB a message; at 256 B the message cap does.
+COLUMNAR_PARTITION_BYTES = 192 << 20
 
 
 def plan_round(config: JobConfig, info: ConsumerInfo, *, messages_left: float,
@@ -88,14 +97,16 @@ def plan_round(config: JobConfig, info: ConsumerInfo, *, messages_left: float,
     served them even at the limit (nats-server ``getNextMsg`` serves its redelivery queue before
     checking ``max_ack_pending``), so they add to the headroom.
 
-    ``columnar``: the columnar writer writes, so fetch.partition_max_messages defaults to
-    :data:`COLUMNAR_PARTITION_MESSAGES`.
+    ``columnar``: the columnar writer writes, so an unset fetch.partition_max_messages means
+    :data:`COLUMNAR_PARTITION_MESSAGES` or :data:`COLUMNAR_PARTITION_BYTES` fetched, whichever
+    comes first.
 
     Returns None when there is no headroom at all (every ack-pending slot taken).
     """
     fetch, consumer = config.fetch, info.config
     headroom = _limit(consumer.max_ack_pending) - info.num_ack_pending + released
-    cap = fetch.partition_max_messages or (COLUMNAR_PARTITION_MESSAGES if columnar else None)
+    default_cap = columnar and not fetch.partition_max_messages
+    cap = COLUMNAR_PARTITION_MESSAGES if default_cap else fetch.partition_max_messages
     budget = min(headroom, messages_left, _limit(cap) * fetch.partitions)
     if budget < 1:
         return None
@@ -106,7 +117,8 @@ def plan_round(config: JobConfig, info: ConsumerInfo, *, messages_left: float,
     batch = int(max(1, min(fetch.batch, partition_messages + (extra > 0),
                            _limit(consumer.max_batch))))
     max_bytes = int(min(fetch.max_bytes, _limit(consumer.max_bytes)))
-    partition_bytes = int(min(max(bytes_left / partitions, 1), 2**62))
+    partition_bytes = int(min(max(bytes_left / partitions, 1),
+                              COLUMNAR_PARTITION_BYTES if default_cap else 2**62))
     return RoundSize(partitions, batch, max_bytes, partition_messages, partition_bytes,
                      fetch.partition_max_bytes, extra)
 

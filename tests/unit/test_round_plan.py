@@ -38,9 +38,14 @@ def test_unlimited_consumer_gets_the_configured_sizes():
 
 
 def test_the_columnar_writers_rounds_hold_at_most_100000_messages_a_partition_by_default():
-    # The server's CPU grows with the deliveries a round holds (rounds.py says how, measured).
+    # The server's CPU grows with the deliveries a round holds and how long it fetches them
+    # (rounds.py says how, measured): 100,000 messages or 192 MiB a partition, whichever first.
     assert plan(info(max_ack_pending=-1), columnar=True) == RoundSize(
-        2, 1000, 8 * MiB, 100_000, ANY, 128 * MiB)
+        2, 1000, 8 * MiB, 100_000, 192 * MiB, 128 * MiB)
+    # A smaller run.max_bytes share still bounds it.
+    assert plan(info(max_ack_pending=-1), columnar=True, bytes_left=100 * MiB).partition_bytes \
+        == 50 * MiB
+    # A cap the user sets replaces both: no byte cap beyond the run's.
     assert plan(info(max_ack_pending=-1), "fetch.partition_max_messages=7", columnar=True) \
         == RoundSize(2, 7, 8 * MiB, 7, ANY, 128 * MiB)
     assert plan(info(max_ack_pending=-1), "fetch.partition_max_messages=300") == RoundSize(
