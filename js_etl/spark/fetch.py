@@ -70,7 +70,7 @@ class FetchPlan:
     max_bytes: int  # bytes per pull (server-side max_bytes)
     partition_messages: int  # message budget of one partition in this round ...
     extra_messages: int  # ... plus one for partitions 0 .. extra_messages - 1
-    partition_bytes: int  # bytes one partition may fetch in this round (its run.max_bytes share)
+    partition_bytes: int  # bytes one partition may fetch this round (run.max_bytes share, cap)
     held_bytes: int  # ... and may hold until the commit (fetch.partition_max_bytes: memory)
     stop_after_seq: int  # the run's target: a partition stops once it sees a later message
     pull_timeout: float  # client deadline of one pull
