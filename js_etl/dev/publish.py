@@ -79,7 +79,9 @@ class _PubAcks:
         self._target = 0
         self._done: asyncio.Future[None] | None = None
 
-    def on_frame(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+    def on_frame(self, subject: bytes, reply: bytes, data: bytes | memoryview,
+                 headers: bytes | None) -> None:
+        data = bytes(data)  # a PubAck: a few dozen bytes (a view of the read buffer, see FrameSink)
         if headers and b" 503" in headers.split(b"\r\n", 1)[0]:
             self.errors.append({"code": 503, "description": "no stream listens on the subject"})
         elif b'"error"' in data:

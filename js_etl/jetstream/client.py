@@ -42,8 +42,10 @@ from js_etl.jetstream.errors import (
 )
 from js_etl.jetstream.options import ConnectionOptions
 
-# (subject, reply, payload, raw header block or None) -> None
-FrameSink = Callable[[bytes, bytes, bytes, bytes | None], None]
+# (subject, reply, payload, raw header block or None) -> None. The payload may be a view of
+# the parser's read buffer, valid only during the call: a sink copies what it keeps (a view kept
+# would stop the parser from trimming its buffer: BufferError).
+FrameSink = Callable[[bytes, bytes, bytes | memoryview, bytes | None], None]
 
 
 class _TlsStreamProtocol(asyncio.StreamReaderProtocol):
@@ -127,7 +129,8 @@ class _ConnectRefused(Exception):
 class _FrameParser(Parser):
     """nats-py's protocol parser with a fast path for the frames of raw sinks: ``MSG`` and
     ``HMSG`` frames of a registered sid are cut from the read buffer and handed to the sink
-    directly, one copy of the payload each, and the buffer is trimmed once per read. Anything
+    directly, the payload as a view of the read buffer, and the buffer is trimmed once per
+    read. Anything
     else (another sid, ``PING``, ``INFO``, ``-ERR``, a malformed line) stops the fast path and
     nats-py's parser reads the rest of the buffer as it always did.
 
@@ -187,10 +190,10 @@ class _FrameParser(Parser):
             start = eol + 2
             if start + size + 2 > end:
                 return False
-            payload = view[start + header_size:start + size].tobytes()
             headers = view[start:start + header_size].tobytes() if header_size else None
             self._taken = start + size + 2  # before the sink runs, as nats-py does
-            sink(args[1], reply, payload, headers)
+            # The payload as a view, no copy here: the sink copies it once, where it keeps it.
+            sink(args[1], reply, view[start + header_size:start + size], headers)
         return False
 
 

@@ -184,7 +184,8 @@ class _Collector:
         # Frames still due after a status that overtook them (R>1 consumers, see module doc).
         self._due = 0
 
-    def on_frame(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+    def on_frame(self, subject: bytes, reply: bytes, data: bytes | memoryview,
+                 headers: bytes | None) -> None:
         if self._done.done():
             return  # frames after the end belong to nobody (never seen, but cheap to guard)
         if not reply:  # status frames are the only ones without an ack reply

@@ -73,10 +73,35 @@ def test_foreign_ack_subject_is_refused():
 
 @pytest.mark.parametrize("values", [[], [b""], [b"", b"a", b""], [b"\xff\x00", "é".encode()],
                                     [bytes(range(256)) * 17, b"{}"], [b"x" * 70_000] * 3])
-def test_binary_array_is_pyarrows_conversion(values):
+def test_binary_array_is_pyarrows_conversion(values):  # subjects and ack replies
     import pyarrow as pa
 
     built = binary_array(values)
     built.validate(full=True)
     assert built.equals(pa.array(values, pa.binary()))
     assert built.to_pylist() == values
+
+
+@pytest.mark.parametrize("values", [[b""], [b"", b"a", b""], [b"\xff\x00", "é".encode()],
+                                    [bytes(range(256)) * 17, b"{}"], [b"x" * 70_000] * 3])
+def test_a_pulls_payloads_are_one_arrow_array_over_its_own_buffer(values):
+    import pyarrow as pa
+
+    deliveries = Deliveries.of(message(i + 1, v) for i, v in enumerate(values))
+    payloads = deliveries.payload_array()
+    payloads.validate(full=True)
+    assert payloads.equals(pa.array(values, pa.binary()))
+    assert deliveries.payloads == values and [m.data for m in deliveries] == values
+    # The buffer is Arrow's too now, not a copy: the deliveries take no more messages.
+    with pytest.raises(BufferError):
+        deliveries.append(b"orders.9", b"reply", b"late", None)
+    assert payloads.to_pylist() == values
+
+
+def test_payloads_past_what_32_bit_offsets_address_are_refused():
+    deliveries = Deliveries.of([message(1, b"x")])
+    deliveries._ends[0] = 2**31  # a pull of 2 GiB of payloads, without allocating it
+    with pytest.raises(ValueError, match="2 GiB"):
+        deliveries.payload_array()
+    with pytest.raises(TerminalError, match="lower fetch.max_bytes"):
+        to_record_batch(deliveries, PREFIX)
