@@ -40,7 +40,7 @@ from js_etl.jetstream import (
 )
 from js_etl.jetstream.admin import first_message_at_or_after
 from js_etl.jetstream.errors import JetStreamError, NatsUnavailableError
-from js_etl.spark.fetch import raise_for_pull, to_record_batch
+from js_etl.spark.fetch import raise_for_pull, task_gc, to_record_batch
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +216,7 @@ def read_range(plan: RangeFetchPlan, index: int) -> Iterator[pa.RecordBatch]:
     lo, hi = plan.bounds[index]
     name = f"{plan.name_prefix}_{index}_{uuid.uuid4().hex[:8]}"
     prefix = ack_prefix(plan.stream, name)
-    with JetStreamSession(plan.options) as js:
+    with task_gc(), JetStreamSession(plan.options) as js:
         js.run(js.admin.create_consumer(plan.stream, ConsumerConfig(
             name=name, description="js-etl backfill (ephemeral)",
             deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=lo,

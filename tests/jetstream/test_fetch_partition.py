@@ -51,6 +51,27 @@ def test_the_cycle_collector_is_off_while_a_task_pulls_and_on_after(js, names, s
     assert gc.isenabled()
 
 
+def test_what_lives_when_a_task_starts_is_frozen_out_of_the_cycle_collector(js, names, stream,
+                                                                           nats_options):
+    """PySpark's daemon runs a full gc.collect() after every task in a reused worker: with the
+    worker's imports frozen at the task's start, that collect walks only what the task made
+    (fetch.task_gc says what this relies on, measured)."""
+    pub(js, f"{names.prefix}.a", 5)
+    consumer(js, stream, names.consumer)
+    gc.unfreeze()
+    before = [object()]  # a tracked object that lives when the task starts
+    try:
+        assert gc.get_freeze_count() == 0
+        batches = list(fetch_partition(plan(nats_options, stream, names.consumer), iter([None])))
+        made = [object()]  # made after the task: the collector still sees it
+        assert sum(b.num_rows for b in batches) == 5
+        assert gc.get_freeze_count() > 0
+        tracked = gc.get_objects()
+        assert not any(o is before for o in tracked) and any(o is made for o in tracked)
+    finally:
+        gc.unfreeze()  # the test process's own objects back to the collector
+
+
 def test_a_worker_with_the_collector_off_keeps_it_off(js, names, stream, nats_options):
     pub(js, f"{names.prefix}.a", 5)
     consumer(js, stream, names.consumer)
