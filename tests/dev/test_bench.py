@@ -66,6 +66,7 @@ def test_bench_quick_runs_every_leg_verified_and_reports_ratios(tmp_path):
         assert sum(by_kind.values()) == pytest.approx(w["legs"]["js_etl"]["cpu_seconds"]["ours"],
                                                       abs=0.1)
         assert set(w["ratios"]) == RATIOS and set(w["targets"]) == RATIOS
+        assert set(w["cpu_ratios_all_runs"]) == RATIOS
         for key in RATIOS:
             assert isinstance(w["ratios"][key], float) and w["ratios"][key] > 0
     # The human table is printed too, with the client-limit path named.
@@ -150,13 +151,15 @@ def test_bad_arguments_exit_2_with_one_line(capsys):
 def test_repeats_report_the_fastest_verified_run_and_fail_if_any_run_failed():
     from js_etl.dev.bench.report import Leg, summarize
 
-    def leg(run: int, seconds: float, problems: list[str]) -> Leg:
+    def leg(run: int, seconds: float, problems: list[str], cpu: float = 1.0) -> Leg:
         return Leg("js_etl", 2, 100, seconds, 25_600, problems,
-                   {"cpu_seconds": {"ours": 1.0}}, {"run": run})
+                   {"cpu_seconds": {"ours": cpu}}, {"run": run})
 
-    best = summarize([leg(1, 2.0, []), leg(2, 1.0, [])])
+    best = summarize([leg(1, 2.0, [], cpu=3.0), leg(2, 1.0, [])])
     assert best["verified"] is True and best["msg_per_s"] == 100 and best["run"] == 2
     assert [r["msg_per_s"] for r in best["runs"]] == [50, 100]
+    # Per CPU-second: the fastest run's own, and over every verified run pooled.
+    assert best["msg_per_cpu_s"] == 100 and best["msg_per_cpu_s_all_runs"] == 50
     failed = summarize([leg(1, 2.0, []), leg(2, 1.0, ["consumer num_pending 3"])])
     assert failed["verified"] is False and failed["msg_per_s"] == 50
     assert failed["problems"] == ["run 2: consumer num_pending 3"]

@@ -68,6 +68,12 @@ def summarize(runs: list[Leg]) -> dict[str, Any]:
     out["verified"] = len(ok) == len(runs)
     out["problems"] = [f"run {leg.details.get('run', '?')}: {p}" if len(runs) > 1 else p
                        for leg in runs for p in leg.problems]
+    # Messages per CPU-second over every verified run together: the CPU of our own processes
+    # varies from run to run with the box (the same code's leg took 7.3-9.9 CPU-s in one
+    # session), and the legs alternate, so the pooled figure compares like with like where the
+    # fastest run's CPU is one sample.
+    cpu = sum(leg.memory.get("cpu_seconds", {}).get("ours") or 0.0 for leg in ok)
+    out["msg_per_cpu_s_all_runs"] = round(sum(leg.messages for leg in ok) / cpu) if cpu else 0
     out["runs"] = [{"run": leg.details.get("run"), "msg_per_s": round(leg.msg_per_s),
                     "seconds": round(leg.seconds, 3), "verified": leg.verified,
                     "cpu_seconds": leg.memory.get("cpu_seconds", {}).get("ours"),
@@ -166,6 +172,11 @@ def format_results(result: dict[str, Any]) -> str:
             lines.append("per CPU-second of our processes: js-etl / client limit "
                          f"{c.get('js_etl_vs_client_limit') or 'n/a'}; js-etl / simple peer "
                          f"{c.get('js_etl_vs_simple_peer') or 'n/a'}")
+            pooled = w.get("cpu_ratios_all_runs", {})
+            if len(next(iter(w["legs"].values()))["runs"]) > 1:
+                lines.append("  the same over all runs pooled: js-etl / client limit "
+                             f"{pooled.get('js_etl_vs_client_limit') or 'n/a'}; js-etl / simple "
+                             f"peer {pooled.get('js_etl_vs_simple_peer') or 'n/a'}")
         pull_layer = w.get("pull_layer_ratios")
         if pull_layer:  # only when the nats_py_fetch leg ran
             lines.append("client limit (js-etl's pull layer) / nats-py fetch "

@@ -295,6 +295,8 @@ class Bench:
                 for name, leg in summary.items()}
         per_cpu = {name: leg.get("msg_per_cpu_s") or 0.0 if leg["verified"] else 0.0
                    for name, leg in summary.items()}
+        pooled = {name: leg["msg_per_cpu_s_all_runs"] if leg["verified"] else 0.0
+                  for name, leg in summary.items()}
         result: dict[str, Any] = {
             "messages": n, "size": size, "publish": pub, "legs": summary,
             "ratios": {"js_etl_vs_client_limit": ratio(rate.get("js_etl", 0.0),
@@ -307,6 +309,11 @@ class Bench:
                                                            per_cpu.get("client_limit", 0.0)),
                            "js_etl_vs_simple_peer": ratio(per_cpu.get("js_etl", 0.0),
                                                           per_cpu.get("simple_peer", 0.0))},
+            "cpu_ratios_all_runs": {
+                "js_etl_vs_client_limit": ratio(pooled.get("js_etl", 0.0),
+                                                pooled.get("client_limit", 0.0)),
+                "js_etl_vs_simple_peer": ratio(pooled.get("js_etl", 0.0),
+                                               pooled.get("simple_peer", 0.0))},
             "targets": {"js_etl_vs_client_limit": client_target(size),
                         "js_etl_vs_simple_peer": PEER_TARGET},
         }
