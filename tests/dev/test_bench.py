@@ -119,6 +119,27 @@ def test_a_failed_leg_is_printed_as_failed():
     assert text.rstrip().endswith("FAILED: 10x256:js_etl")
 
 
+def test_repeats_print_the_per_cpu_ratios_over_all_runs_too():
+    runs = [{"run": 1, "msg_per_s": 9}, {"run": 2, "msg_per_s": 10}]
+    legs = {name: {**_leg(name, []), "runs": runs}
+            for name in ("client_limit", "simple_peer", "js_etl")}
+    result = {
+        "machine": {"cpus": 2, "memory_gib": 24, "platform": "p", "python": "3.11",
+                    "versions": {k: "x" for k in ("nats-server", "nats-py", "pyspark",
+                                                  "delta-spark", "deltalake", "pyarrow")}},
+        "workloads": [{
+            "messages": 10, "size": 256, "publish": {"msg_per_s": 1}, "legs": legs,
+            "ratios": {"js_etl_vs_client_limit": 1.0, "js_etl_vs_simple_peer": 1.0},
+            "cpu_ratios": {"js_etl_vs_client_limit": 0.5, "js_etl_vs_simple_peer": 0.9},
+            "cpu_ratios_all_runs": {"js_etl_vs_client_limit": 0.55,
+                                    "js_etl_vs_simple_peer": 1.02},
+            "targets": {"js_etl_vs_client_limit": 0.6, "js_etl_vs_simple_peer": 1.0}}],
+        "failed_legs": [], "ok": True}
+    text = format_results(result)
+    assert "js-etl / simple peer 0.9\n" in text
+    assert "over all runs pooled: js-etl / client limit 0.55; js-etl / simple peer 1.02" in text
+
+
 def test_workload_arguments_pair_messages_with_sizes(tmp_path):
     import argparse
 

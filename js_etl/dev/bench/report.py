@@ -173,7 +173,7 @@ def format_results(result: dict[str, Any]) -> str:
                          f"{c.get('js_etl_vs_client_limit') or 'n/a'}; js-etl / simple peer "
                          f"{c.get('js_etl_vs_simple_peer') or 'n/a'}")
             pooled = w.get("cpu_ratios_all_runs", {})
-            if len(next(iter(w["legs"].values()))["runs"]) > 1:
+            if any(len(leg.get("runs", [])) > 1 for leg in w["legs"].values()):
                 lines.append("  the same over all runs pooled: js-etl / client limit "
                              f"{pooled.get('js_etl_vs_client_limit') or 'n/a'}; js-etl / simple "
                              f"peer {pooled.get('js_etl_vs_simple_peer') or 'n/a'}")
