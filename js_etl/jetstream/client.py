@@ -145,15 +145,19 @@ class _FrameParser(Parser):
 
     _taken = 0  # bytes at the buffer's start already handed to sinks
 
+    def reset(self) -> None:  # a new connection: nothing of the new buffer is handed over yet
+        super().reset()
+        self._taken = 0
+
     async def parse(self, data: bytes = b"") -> None:
         self.buf.extend(data)
         if self.state == AWAITING_CONTROL_LINE:
             try:
                 with memoryview(self.buf) as view:
                     rest_for_nats_py = self._sink_frames(view)
-            finally:  # the view released first: a viewed bytearray cannot shrink
-                del self.buf[:self._taken]
-                self._taken = 0
+            finally:  # the views released first: a viewed bytearray cannot shrink
+                taken, self._taken = self._taken, 0
+                del self.buf[:taken]
             if not rest_for_nats_py:
                 return
         await super().parse()
@@ -193,7 +197,14 @@ class _FrameParser(Parser):
             headers = view[start:start + header_size].tobytes() if header_size else None
             self._taken = start + size + 2  # before the sink runs, as nats-py does
             # The payload as a view, no copy here: the sink copies it once, where it keeps it.
-            sink(args[1], reply, view[start + header_size:start + size], headers)
+            # Released after the call, also when the sink raised (its frame, kept by the
+            # traceback, still holds the view): else the buffer could not be trimmed, and a
+            # view a sink kept fails loudly (ValueError) instead.
+            payload = view[start + header_size:start + size]
+            try:
+                sink(args[1], reply, payload, headers)
+            finally:
+                payload.release()
         return False
 
 
