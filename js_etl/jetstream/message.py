@@ -91,7 +91,7 @@ class Deliveries(Sequence[JsMessage]):
     one buffer straight from the read buffer, 1.9 ms (2026-11-26, this 2-core box).
     """
 
-    __slots__ = ("_data", "_ends", "headers", "replies", "subjects")
+    __slots__ = ("_data", "_ends", "_shared", "headers", "replies", "subjects")
 
     def __init__(self) -> None:
         self.subjects: list[bytes] = []
@@ -99,6 +99,7 @@ class Deliveries(Sequence[JsMessage]):
         self.headers: list[bytes | None] = []
         self._data = bytearray()  # the payloads, back to back
         self._ends = array("q")  # where each payload ends in _data
+        self._shared = False  # _data is an Arrow array's buffer now (payload_array)
 
     @classmethod
     def of(cls, messages: Iterable[JsMessage]) -> Deliveries:
@@ -110,10 +111,12 @@ class Deliveries(Sequence[JsMessage]):
     def append(self, subject: bytes, reply: bytes, payload: bytes | memoryview,
                headers: bytes | None) -> None:
         """``payload`` is copied: it may be a view of the parser's read buffer."""
+        if self._shared:  # an empty payload too: the Arrow array would not have it
+            raise BufferError("these deliveries' payloads are an Arrow array's buffer now")
+        self._data += payload  # first: what fails leaves the columns as they were
+        self._ends.append(len(self._data))
         self.subjects.append(subject)
         self.replies.append(reply)
-        self._data += payload
-        self._ends.append(len(self._data))
         self.headers.append(headers)
 
     @property
@@ -132,6 +135,7 @@ class Deliveries(Sequence[JsMessage]):
                              "a binary array holds")
         offsets = array("i", [0])
         offsets.extend(self._ends.tolist())
+        self._shared = True
         return pa.Array.from_buffers(pa.binary(), len(self), [None, pa.py_buffer(offsets),
                                                               pa.py_buffer(self._data)])
 

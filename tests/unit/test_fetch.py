@@ -92,10 +92,12 @@ def test_a_pulls_payloads_are_one_arrow_array_over_its_own_buffer(values):
     payloads.validate(full=True)
     assert payloads.equals(pa.array(values, pa.binary()))
     assert deliveries.payloads == values and [m.data for m in deliveries] == values
-    # The buffer is Arrow's too now, not a copy: the deliveries take no more messages.
-    with pytest.raises(BufferError):
-        deliveries.append(b"orders.9", b"reply", b"late", None)
-    assert payloads.to_pylist() == values
+    # The buffer is Arrow's too now, not a copy: the deliveries take no more messages, not even
+    # an empty one, and a refused message leaves no subject behind (a break-it review).
+    for late in (b"late", b""):
+        with pytest.raises(BufferError):
+            deliveries.append(b"orders.9", b"reply", late, None)
+    assert payloads.to_pylist() == values and len(deliveries.subjects) == len(values)
 
 
 def test_payloads_past_what_32_bit_offsets_address_are_refused():
