@@ -181,6 +181,9 @@ def test_repeats_report_the_fastest_verified_run_and_fail_if_any_run_failed():
     assert [r["msg_per_s"] for r in best["runs"]] == [50, 100]
     # Per CPU-second: the fastest run's own, and over every verified run pooled.
     assert best["msg_per_cpu_s"] == 100 and best["msg_per_cpu_s_all_runs"] == 50
+    # A run without a CPU figure adds neither messages nor seconds (a break-it review).
+    assert summarize([leg(1, 2.0, [], cpu=3.0), leg(2, 1.0, [], cpu=0.0)]
+                     )["msg_per_cpu_s_all_runs"] == 33
     failed = summarize([leg(1, 2.0, []), leg(2, 1.0, ["consumer num_pending 3"])])
     assert failed["verified"] is False and failed["msg_per_s"] == 50
     assert failed["problems"] == ["run 2: consumer num_pending 3"]

@@ -72,8 +72,11 @@ def summarize(runs: list[Leg]) -> dict[str, Any]:
     # varies from run to run with the box (the same code's leg took 7.3-9.9 CPU-s in one
     # session), and the legs alternate, so the pooled figure compares like with like where the
     # fastest run's CPU is one sample.
-    cpu = sum(leg.memory.get("cpu_seconds", {}).get("ours") or 0.0 for leg in ok)
-    out["msg_per_cpu_s_all_runs"] = round(sum(leg.messages for leg in ok) / cpu) if cpu else 0
+    measured = [(leg.messages, leg.memory.get("cpu_seconds", {}).get("ours") or 0.0)
+                for leg in ok]
+    cpu = sum(seconds for _, seconds in measured if seconds > 0)
+    out["msg_per_cpu_s_all_runs"] = (round(sum(n for n, seconds in measured if seconds > 0) / cpu)
+                                     if cpu else 0)
     out["runs"] = [{"run": leg.details.get("run"), "msg_per_s": round(leg.msg_per_s),
                     "seconds": round(leg.seconds, 3), "verified": leg.verified,
                     "cpu_seconds": leg.memory.get("cpu_seconds", {}).get("ours"),
