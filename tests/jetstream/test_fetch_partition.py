@@ -51,23 +51,27 @@ def test_the_cycle_collector_is_off_while_a_task_pulls_and_on_after(js, names, s
     assert gc.isenabled()
 
 
-def test_what_lives_when_a_task_starts_is_frozen_out_of_the_cycle_collector(js, names, stream,
-                                                                           nats_options):
+def test_what_lives_when_a_workers_first_tasks_start_is_frozen_out_of_the_cycle_collector(
+        js, names, stream, nats_options, monkeypatch):
     """PySpark's daemon runs a full gc.collect() after every task in a reused worker: with the
-    worker's imports frozen at the task's start, that collect walks only what the task made
-    (fetch.task_gc says what this relies on, measured)."""
-    pub(js, f"{names.prefix}.a", 5)
+    worker's imports frozen at its first two tasks' start, that collect walks only what later
+    tasks made; the third task freezes nothing (fetch.task_gc says why, and what it measured)."""
+    from js_etl.spark import fetch
+
+    pub(js, f"{names.prefix}.a", 15)
     consumer(js, stream, names.consumer)
+    monkeypatch.setattr(fetch, "_FREEZES", 2)  # a fresh worker process
     gc.unfreeze()
-    before = [object()]  # a tracked object that lives when the task starts
     try:
-        assert gc.get_freeze_count() == 0
-        batches = list(fetch_partition(plan(nats_options, stream, names.consumer), iter([None])))
-        made = [object()]  # made after the task: the collector still sees it
-        assert sum(b.num_rows for b in batches) == 5
+        seen = []
+        for _ in range(3):
+            alive = [object()]  # a tracked object that lives when the task starts
+            task = plan(nats_options, stream, names.consumer)
+            got = sum(b.num_rows for b in fetch_partition(dataclasses.replace(
+                task, partition_messages=5), iter([None])))
+            seen.append((got, any(o is alive for o in gc.get_objects())))
+        assert seen == [(5, False), (5, False), (5, True)]
         assert gc.get_freeze_count() > 0
-        tracked = gc.get_objects()
-        assert not any(o is before for o in tracked) and any(o is made for o in tracked)
     finally:
         gc.unfreeze()  # the test process's own objects back to the collector
 
