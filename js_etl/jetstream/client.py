@@ -43,8 +43,8 @@ from js_etl.jetstream.errors import (
 from js_etl.jetstream.options import ConnectionOptions
 
 # (subject, reply, payload, raw header block or None) -> None. The payload may be a view of
-# the parser's read buffer, valid only during the call: a sink copies what it keeps (a view kept
-# would stop the parser from trimming its buffer: BufferError).
+# the parser's read buffer, valid only during the call: a sink copies what it keeps (the parser
+# releases the view after the call, so a view kept fails with ValueError when used).
 FrameSink = Callable[[bytes, bytes, bytes | memoryview, bytes | None], None]
 
 
@@ -66,7 +66,9 @@ class _TlsStreamProtocol(asyncio.StreamReaderProtocol):
 # each read to its front, and a pull's frames arrive far faster than 32 KiB at a time, so every
 # byte was moved several times. Measured (2026-11-26: one process pulling 100,000 x 4 KiB
 # through Puller from a local nats-server, no acks, three alternating runs each): 0.81-1.01
-# CPU-s with 32 KiB reads, 0.67-0.81 with 256 KiB, 0.68-0.83 with 1 MiB.
+# CPU-s with 32 KiB reads, 0.67-0.81 with 256 KiB, 0.68-0.83 with 1 MiB; a whole 100,000 x 4 KiB
+# fetch task (pull, decode, Parquet), three alternating triples: 2.92-3.74 with 32 KiB,
+# 2.16-3.18 with 256 KiB (1 MiB had made it slower, on earlier code: README, Benchmarks).
 READ_SIZE = 256 << 10
 
 
@@ -130,9 +132,8 @@ class _FrameParser(Parser):
     """nats-py's protocol parser with a fast path for the frames of raw sinks: ``MSG`` and
     ``HMSG`` frames of a registered sid are cut from the read buffer and handed to the sink
     directly, the payload as a view of the read buffer, and the buffer is trimmed once per
-    read. Anything
-    else (another sid, ``PING``, ``INFO``, ``-ERR``, a malformed line) stops the fast path and
-    nats-py's parser reads the rest of the buffer as it always did.
+    read. Anything else (another sid, ``PING``, ``INFO``, ``-ERR``, a malformed line) stops the
+    fast path and nats-py's parser reads the rest of the buffer as it always did.
 
     Why: nats-py's parser costs a regex match, a dict of arguments, two payload copies and a
     coroutine per frame. Measured on 4,000 frames of 256 B fed in 32 KiB reads (the pull's

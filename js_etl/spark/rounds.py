@@ -78,11 +78,14 @@ COLUMNAR_PARTITION_MESSAGES = 100_000
 # ... and its byte twin, for large messages: the flusher re-encodes the pending deliveries for as
 # long as the round's fetch keeps changing them, so the server's cost grows with how many a round
 # holds *times how long it fetches*, and a round of 4 KiB messages fetches ~16x the bytes of one
-# of 256 B. Measured with js-etl bench --legs js_etl --repeat 3, 200,000 x 4 KiB on 2 partitions
-# (2026-11-26, the CPU-s of all our processes, each run): 100,000 messages a partition (one
-# round) 13.3-15.0, nats-server 4.8-5.1 of it (the simple peer's leg: 3.4-3.8); 192 MiB
-# (~48,000 messages, 2 rounds) 10.2-12.7, nats-server 3.3-3.7; 96 MiB (4 rounds) 13.7-15.0, the
-# rounds' own cost winning again. It binds above ~2 KiB a message; at 256 B the message cap does.
+# of 256 B. Measured on 200,000 x 4 KiB, 2 partitions (2026-11-26, the CPU-s of all our
+# processes): one round took nats-server 4.8-5.1 of them under js-etl, 3.4-3.8 under the simple
+# peer (js-etl bench, three runs each). Interleaved on one stream, the peer and each variant in
+# turn, three times: one round 11.13 / 10.30 / 8.52, this cap (~48,000 a partition, 2 rounds)
+# 9.74 / 9.34 / 8.30; in a second such run the cap 8.70 / 7.76 / 10.04, 32,000 and 24,000 a
+# partition (4 and 5 rounds) 8.52 / 8.17 / 10.28 and 8.23 / 8.35 / 9.91: no better, the rounds'
+# own cost taking back what the server saves. It binds above ~2 KiB a message; at 256 B the
+# message cap does.
 COLUMNAR_PARTITION_BYTES = 192 << 20
 
 

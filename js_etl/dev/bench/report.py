@@ -69,9 +69,9 @@ def summarize(runs: list[Leg]) -> dict[str, Any]:
     out["problems"] = [f"run {leg.details.get('run', '?')}: {p}" if len(runs) > 1 else p
                        for leg in runs for p in leg.problems]
     # Messages per CPU-second over every verified run together: the CPU of our own processes
-    # varies from run to run with the box (the same code's leg took 7.3-9.9 CPU-s in one
-    # session), and the legs alternate, so the pooled figure compares like with like where the
-    # fastest run's CPU is one sample.
+    # varies from run to run with the box (within one hour on unchanged code the simple peer's
+    # 200k x 4 KiB leg took 7.3 to 11.5 CPU-s), and the legs alternate, so the pooled figure
+    # compares like with like where the fastest run's CPU is one sample.
     measured = [(leg.messages, leg.memory.get("cpu_seconds", {}).get("ours") or 0.0)
                 for leg in ok]
     cpu = sum(seconds for _, seconds in measured if seconds > 0)
