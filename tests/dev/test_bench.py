@@ -101,11 +101,14 @@ def _leg(name: str, problems: list[str]) -> dict:
             "cpu_seconds": {"ours": 1.0, "box_busy": 2.0}}
 
 
+_MACHINE = {"cpus": 2, "memory_gib": 24, "platform": "p", "python": "3.11",
+            "versions": {k: "x" for k in ("nats-server", "nats-py", "pyspark", "delta-spark",
+                                          "deltalake", "pyarrow")}}
+
+
 def test_a_failed_leg_is_printed_as_failed():
     result = {
-        "machine": {"cpus": 2, "memory_gib": 24, "platform": "p", "python": "3.11",
-                    "versions": {k: "x" for k in ("nats-server", "nats-py", "pyspark",
-                                                  "delta-spark", "deltalake", "pyarrow")}},
+        "machine": _MACHINE,
         "workloads": [{
             "messages": 10, "size": 256, "publish": {"msg_per_s": 1},
             "legs": {"client_limit": _leg("client_limit", []),
@@ -124,9 +127,7 @@ def test_repeats_print_the_per_cpu_ratios_over_all_runs_too():
     legs = {name: {**_leg(name, []), "runs": runs}
             for name in ("client_limit", "simple_peer", "js_etl")}
     result = {
-        "machine": {"cpus": 2, "memory_gib": 24, "platform": "p", "python": "3.11",
-                    "versions": {k: "x" for k in ("nats-server", "nats-py", "pyspark",
-                                                  "delta-spark", "deltalake", "pyarrow")}},
+        "machine": _MACHINE,
         "workloads": [{
             "messages": 10, "size": 256, "publish": {"msg_per_s": 1}, "legs": legs,
             "ratios": {"js_etl_vs_client_limit": 1.0, "js_etl_vs_simple_peer": 1.0},
