@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from js_etl.dev.server import LocalNatsServer
+from js_etl.jetstream import ConnectionOptions, JetStreamSession
+
 os.environ["TZ"] = "UTC"  # collect() returns naive datetimes in the process's local zone
 # The JVMs the tests start (this process's SparkSession and every spark-submit and `js-etl drain`
 # child: all inherit this) compile with C1 only and collect with the serial GC. They live seconds
@@ -22,10 +25,10 @@ os.environ["TZ"] = "UTC"  # collect() returns naive datetimes in the process's l
 # these (busy CPU of the whole, otherwise quiet, box around the child: psutil.cpu_times; three
 # runs each). Only speed changes, not what the JVM computes.
 # The Spark-cluster test's executors keep the defaults: they get the README's command unchanged.
-os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
-
-from js_etl.dev.server import LocalNatsServer
-from js_etl.jetstream import ConnectionOptions, JetStreamSession
+# pytest_configure (below) adds a class-data-sharing archive for those JVMs to load classes from.
+_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+os.environ.setdefault("SPARK_SUBMIT_OPTS", _JVM_OPTIONS)
+_ARCHIVE_BUILD = pytest.StashKey["subprocess.Popen[bytes]"]()
 
 # Helpers and the `stream` fixture of tests/support/streams.py (on pythonpath: pyproject).
 pytest_plugins = ["streams"]
@@ -46,6 +49,36 @@ _LONG_FIRST = ("cluster/test_spark_cluster.py", "spark/test_faults.py",
                "spark/test_backfill.py", "test_cli.py", "spark/test_fault_schedules.py",
                "cluster/test_cluster_drain.py", "spark/test_drain.py", "dev/test_bench.py",
                "dev/test_wheel.py", "airflow/test_airflow_queues.py")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In the pytest process that starts the others (xdist's workers inherit its environment),
+    before any JVM: the tests' JVMs load Spark's and Delta's classes from one class-data-sharing
+    archive (tests/support/jvm_classes.py: ~8 CPU-s less for each JVM started), built in the
+    background when missing. Not for a run of tests/unit alone (no JVM there), nor where
+    SPARK_SUBMIT_OPTS was set outside the tests."""
+    import jvm_classes
+
+    tests = Path(__file__).resolve().parent
+    unit_only = config.args and all(
+        Path(arg.split("::")[0]).resolve().is_relative_to(tests / "unit") for arg in config.args)
+    if (hasattr(config, "workerinput") or unit_only
+            or os.environ["SPARK_SUBMIT_OPTS"] != _JVM_OPTIONS):
+        return
+    archive = jvm_classes.archive_for(_JVM_OPTIONS)
+    if archive is None:
+        return
+    if not archive.exists():
+        config.stash[_ARCHIVE_BUILD] = jvm_classes.start_build(archive, _JVM_OPTIONS)
+    os.environ["SPARK_SUBMIT_OPTS"] = f"{_JVM_OPTIONS} -XX:SharedArchiveFile={archive}"
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    import jvm_classes
+
+    builder = config.stash.get(_ARCHIVE_BUILD, None)
+    if builder is not None:
+        jvm_classes.stop_build(builder)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
