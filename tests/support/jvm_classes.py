@@ -1,13 +1,15 @@
-"""A class-data-sharing archive for the JVMs the tests start, so each of them loads Spark's and
-Delta's classes from one memory-mapped file instead of parsing and verifying ~20,000 of them.
+"""A class-data-sharing archive for the JVMs the tests start, so each of them maps Spark's and
+Delta's classes, already parsed and verified, from one file instead of reading them from jars.
 
-Why: the suite is CPU-bound on the 2-core box (``vmstat``: no idle time with two or three
-pytest-xdist workers, which took 1,102 and 1,088 s), and every SparkSession, ``spark-submit`` and
+Why: the suite is CPU-bound on the 2-core box (``vmstat`` with three pytest-xdist workers: no
+idle time; two workers took 1,102 s, three 1,088), and every SparkSession, ``spark-submit`` and
 ``js-etl drain`` it starts pays for a JVM start-up: a child Python that starts local Spark, writes
 and reads a 10-row Delta table and stops took 20-22 s and 25-27 CPU-s of the otherwise quiet box,
 with this archive 12-14 s and 17-18.5 CPU-s (three runs each, 2026-11-27,
-``-XX:TieredStopAtLevel=1 -XX:+UseSerialGC`` both times). The whole suite, the archive in place:
-1,021 s against those 1,102 s; the tests that start JVMs took 20-40 % less, the others as long.
+``-XX:TieredStopAtLevel=1 -XX:+UseSerialGC`` both times). In the suite, the tests that start
+JVMs took 17-42 % less; the in-process ones, most of the suite, are unchanged (1,021 s with the
+archive in place, 1,158 s on a clean clone that built it during the run, an hour the box was
+slower).
 
 How (Java 17): one JVM of the same Java, Spark and jars is run with
 ``-XX:ArchiveClassesAtExit`` doing representative work; at its exit it writes the classes it
@@ -76,15 +78,22 @@ def _key(java: str, options: str) -> str:
     version = subprocess.run([java, "-version"], capture_output=True, text=True,
                              check=False).stderr
     spark_jars = sorted((Path(_find_spark_home()) / "jars").iterdir())
-    parts = [os.path.realpath(java), version, options, sys.version,
-             *(f"{p}:{p.stat().st_size}" for p in [*spark_jars, *map(Path, delta_jars())])]
+    parts = [os.path.realpath(java), version, options,
+             *(f"{p}:{p.stat().st_size}" for p in [*spark_jars,
+                                                     *map(Path, delta_jars(resolve=False))])]
     return hashlib.sha256("\n".join(map(str, parts)).encode()).hexdigest()[:16]
 
 
 def archive_for(options: str) -> Path | None:
-    """Where the archive for JVMs started with ``options`` is (or will be); None without Java."""
+    """Where the archive for JVMs started with ``options`` is (or will be); None without Java
+    or Delta's jars (the tests that need them say so)."""
+    from js_etl.errors import TerminalError
+
     java = _java()
-    return CACHE / f"{_key(java, options)}.jsa" if java is not None else None
+    try:
+        return CACHE / f"{_key(java, options)}.jsa" if java is not None else None
+    except TerminalError:  # Delta's jars not resolved
+        return None
 
 
 def start_build(archive: Path, options: str) -> subprocess.Popen[bytes]:
@@ -92,6 +101,10 @@ def start_build(archive: Path, options: str) -> subprocess.Popen[bytes]:
     :func:`stop_build` stops its JVM too). The JVMs started meanwhile run without it: a JVM
     given an archive that does not exist (yet) starts as if it had none, silently."""
     CACHE.mkdir(parents=True, exist_ok=True)
+    # Other keys' archives are stale (other jars, Java or options): removed at once, safely: a
+    # JVM that mapped one keeps its mapping, one started later finds none and runs without.
+    for stale in CACHE.glob("*.jsa"):
+        stale.unlink(missing_ok=True)
     return subprocess.Popen([sys.executable, __file__, str(archive), options],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
