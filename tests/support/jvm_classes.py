@@ -1,15 +1,15 @@
 """A class-data-sharing archive for the JVMs the tests start, so each of them maps Spark's and
 Delta's classes, already parsed and verified, from one file instead of reading them from jars.
 
-Why: the suite is CPU-bound on the 2-core box (``vmstat`` with three pytest-xdist workers: no
-idle time; two workers took 1,102 s, three 1,088), and every SparkSession, ``spark-submit`` and
-``js-etl drain`` it starts pays for a JVM start-up: a child Python that starts local Spark, writes
-and reads a 10-row Delta table and stops took 20-22 s and 25-27 CPU-s of the otherwise quiet box,
-with this archive 12-14 s and 17-18.5 CPU-s (three runs each, 2026-11-27,
-``-XX:TieredStopAtLevel=1 -XX:+UseSerialGC`` both times). In the suite, the tests that start
-JVMs took 17-42 % less; the in-process ones, most of the suite, are unchanged (1,021 s with the
-archive in place, 1,158 s on a clean clone that built it during the run, an hour the box was
-slower).
+Why: the suite is CPU-bound on the 2-core box (``vmstat`` with three pytest-xdist workers: 0 %
+idle in 87 of ~108 samples; two workers took 1,102 s, three 1,088), and every SparkSession,
+``spark-submit`` and ``js-etl drain`` it starts pays for a JVM start-up: a child Python that
+starts local Spark, writes and reads a 10-row Delta table and stops took 20-22 s and 25-27 CPU-s
+of the otherwise quiet box, with this archive 12-14 s and 17-18.5 CPU-s (three runs each,
+2026-11-27, ``-XX:TieredStopAtLevel=1 -XX:+UseSerialGC`` both times). In the suite, the tests
+that start JVMs took 17-42 % less; the in-process ones, most of the suite, are unchanged (1,021 s
+with the archive in place; 1,158 and 1,134 s on clean clones that built it during the run, hours
+the box was slower).
 
 How (Java 17): one JVM of the same Java, Spark and jars is run with
 ``-XX:ArchiveClassesAtExit`` doing representative work; at its exit it writes the classes it
