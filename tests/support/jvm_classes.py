@@ -36,7 +36,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -97,30 +96,27 @@ def archive_for(options: str) -> Path | None:
 
 
 def start_build(archive: Path, options: str) -> subprocess.Popen[bytes]:
-    """Builds ``archive`` in the background (:func:`build`, in its own process group, so that
-    :func:`stop_build` stops its JVM too). The JVMs started meanwhile run without it: a JVM
-    given an archive that does not exist (yet) starts as if it had none, silently."""
+    """Builds ``archive`` in the background (:func:`build`). The JVMs started meanwhile run
+    without it: a JVM given an archive that does not exist (yet) starts as if it had none,
+    silently."""
     CACHE.mkdir(parents=True, exist_ok=True)
     # Other keys' archives are stale (other jars, Java or options): removed at once, safely: a
     # JVM that mapped one keeps its mapping, one started later finds none and runs without.
     for stale in CACHE.glob("*.jsa"):
         stale.unlink(missing_ok=True)
     return subprocess.Popen([sys.executable, __file__, str(archive), options],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def stop_build(builder: subprocess.Popen[bytes]) -> None:
-    """Waits for a build a few seconds, then stops it with its JVM; what it left half-written
-    is removed (it was never renamed into place)."""
+    """Waits for a build a few seconds, then stops it, its Python child and their JVM, each by
+    its pid (``stop_tree``); what it left half-written is removed (never renamed into place)."""
+    from js_etl.dev.spark_cluster import stop_tree
+
     try:
         builder.wait(timeout=5)
     except subprocess.TimeoutExpired:
-        try:
-            os.killpg(builder.pid, signal.SIGKILL)
-        except ProcessLookupError:  # the whole group ended meanwhile
-            pass
-        builder.wait()
+        stop_tree(builder, kill=True)
     for partial in CACHE.glob(f"*.{builder.pid}.partial"):
         partial.unlink(missing_ok=True)
 
