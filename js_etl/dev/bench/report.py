@@ -72,11 +72,10 @@ def summarize(runs: list[Leg]) -> dict[str, Any]:
     # varies from run to run with the box (within one hour on unchanged code the simple peer's
     # 200k x 4 KiB leg took 7.3 to 11.5 CPU-s), and the legs alternate, so the pooled figure
     # compares like with like where the fastest run's CPU is one sample.
-    measured = [(leg.messages, leg.memory.get("cpu_seconds", {}).get("ours") or 0.0)
-                for leg in ok]
-    cpu = sum(seconds for _, seconds in measured if seconds > 0)
-    out["msg_per_cpu_s_all_runs"] = (round(sum(n for n, seconds in measured if seconds > 0) / cpu)
-                                     if cpu else 0)
+    measured = [(leg.messages, seconds) for leg in ok
+                if (seconds := leg.memory.get("cpu_seconds", {}).get("ours") or 0.0) > 0]
+    cpu = sum(seconds for _, seconds in measured)
+    out["msg_per_cpu_s_all_runs"] = round(sum(n for n, _ in measured) / cpu) if cpu else 0
     out["runs"] = [{"run": leg.details.get("run"), "msg_per_s": round(leg.msg_per_s),
                     "seconds": round(leg.seconds, 3), "verified": leg.verified,
                     "cpu_seconds": leg.memory.get("cpu_seconds", {}).get("ours"),
