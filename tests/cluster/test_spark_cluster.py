@@ -124,7 +124,7 @@ def test_a_worker_killed_mid_round_is_transient_and_the_next_run_takes_every_mes
        exits 0; every message is in the table exactly once.
 
     (One test, not two: each spark-submit starts a driver JVM and two executors that unpack the
-    111 MiB environment, ~50 s of the suite's longest chain on this box. Without the hold, a kill
+    80 MiB environment, ~50 s of the suite's longest chain on this box. Without the hold, a kill
     after a round's log line raced the run: in the three runs seen it survived on the other
     executor, and the exit-75 path was never exercised on a real cluster.)"""
     first_n, n = 1_000, 2_000
