@@ -388,6 +388,7 @@ def table_keys(directory: str, stream: str, first: int, last: int) -> pa.Table |
     from deltalake import DeltaTable
 
     from js_etl.errors import TransientError
+    from js_etl.spark.delta import files_holding_seqs
 
     table = DeltaTable(directory)
     protocol = table.protocol()
@@ -396,17 +397,13 @@ def table_keys(directory: str, stream: str, first: int, last: int) -> pa.Table |
             f"the table at {directory} changed its protocol during the run (reader "
             f"{protocol.min_reader_version}, writer {protocol.min_writer_version}): nothing of "
             "this round is acked; the next run writes it with Spark")
-    files = pa.table(table.get_add_actions(flatten=True))
-    overlap = pa.repeat(True, files.num_rows)
-    if "min.seq" in files.column_names and "max.seq" in files.column_names:
-        overlap = pc.fill_null(pc.and_(pc.less_equal(files.column("min.seq"), last),
-                                       pc.greater_equal(files.column("max.seq"), first)), True)
+    files = files_holding_seqs(pa.table(table.get_add_actions(flatten=True)), first, last)
     # A Delta path is an escaped URI reference (Spark's directory for the partition value
     # "a/b c" is "kind=a%2Fb c" on disk, "kind=a%252Fb%20c" in the log); absolute when the file
     # lies elsewhere.
     paths = [local_directory(p) or p if ":" in p.split("/")[0]
              else os.path.join(directory, unquote(p))
-             for p in files.filter(overlap).column("path").to_pylist()]
+             for p in files.column("path").to_pylist()]
     if not paths:
         return None
     in_range = ((ds.field("stream") == stream) & (ds.field("seq") >= first)

@@ -397,16 +397,48 @@ def _deltalake_table(location: str) -> Any:
 def rows_in_range(spark: SparkSession, table: DeltaTarget, stream: str, first: int,
                   last: int) -> DataFrame | None:
     """The rows ``table`` holds for ``stream`` in ``first..last``, read through Delta; None when
-    no file can hold one. Planning applies Delta's data skipping on the ``seq`` statistics, so
-    a round's check reads only the files of the rounds around it, and none in the common case
-    (``inputFiles`` plans the scan without running a job)."""
+    no file can hold one.
+
+    Which files can is judged by their ``seq`` statistics: by ``deltalake`` on the driver where
+    it reads the table and the table's reader protocol is 1 (:func:`files_holding_seqs`), else
+    by Spark planning the scan with Delta's data skipping (``inputFiles``). The common case, a
+    round's range that no file holds yet, then costs no Spark job: measured, those planning jobs
+    took 2.2 s of a 5.7 s round of Spark's writer and 1.0 of 2.8 s of a columnar round (100
+    messages, a warm ``local[2]`` session, cProfile: /work/scratch/s19/round_jobs_prof.py). The
+    rows themselves, where a file may hold them, are always read through Delta."""
     from pyspark.sql import functions as F
 
-    if not table.exists(spark):
+    # exists() inlined for a path table, as in job_round: deltalake opens it once.
+    if table.table and not table.exists(spark):
+        return None
+    view = _deltalake_table(table.location(spark))
+    if view is None and table.path and not table._delta_finds_path(spark):
         return None
     rows = table.read(spark).where((F.col("stream") == stream)
                                    & F.col("seq").between(first, last))
-    return rows if rows.inputFiles() else None
+    if view is not None and view.protocol().min_reader_version == 1:
+        import pyarrow as pa
+
+        may_hold = files_holding_seqs(pa.table(view.get_add_actions(flatten=True)), first,
+                                      last).num_rows > 0
+    else:
+        may_hold = bool(rows.inputFiles())
+    return rows if may_hold else None
+
+
+def files_holding_seqs(files: pa.Table, first: int, last: int) -> pa.Table:
+    """The add actions (``deltalake``'s ``get_add_actions(flatten=True)``) of the files that may
+    hold a ``seq`` in ``first..last``: those whose ``seq`` statistics overlap the range, and
+    every file without them. What it relies on: on reader protocol 1 a file's statistics name
+    the logical columns (column mapping, which names the physical ones, needs reader 2) and
+    every row of the file is in the table (deletion vectors need reader 3); callers check it."""
+    import pyarrow.compute as pc
+
+    if "min.seq" not in files.column_names or "max.seq" not in files.column_names:
+        return files
+    overlap = pc.and_(pc.less_equal(files.column("min.seq"), last),
+                      pc.greater_equal(files.column("max.seq"), first))
+    return files.filter(pc.fill_null(overlap, True))
 
 
 def ack_keys(rows: DataFrame | None, *, seqs: DataFrame | None = None,
