@@ -44,3 +44,10 @@ def test_a_file_without_either_statistic_may_hold_any_seq() -> None:
     assert files_holding_seqs(files, 5, 5).column("path").to_pylist() == ["a", "b", "c"]
     # A table whose files have no seq statistics at all: every file may hold the range.
     assert files_holding_seqs(files.drop_columns(["min.seq", "max.seq"]), 20, 30).num_rows == 3
+
+
+def test_statistics_of_a_seq_that_is_not_an_integer_judge_nothing() -> None:
+    """A string seq's statistics sort as text ('10' < '9'): every file may hold the range (a
+    break-it review: comparing them with the range raised)."""
+    files = pa.table({"path": ["a"], "min.seq": ["1"], "max.seq": ["9"]})
+    assert files_holding_seqs(files, 10, 10).column("path").to_pylist() == ["a"]
