@@ -99,6 +99,14 @@ class DeltaTarget:
             return bool(spark.catalog.tableExists(self.table))
         return _deltalake_table(self.location(spark)) is not None or self._delta_finds_path(spark)
 
+    def exists_with_view(self, spark: SparkSession) -> tuple[bool, Any]:
+        """``(exists(), deltalake's view of the table or None)``, deltalake opening it once:
+        for callers that read the table through deltalake where it can."""
+        if self.table and not self.exists(spark):
+            return False, None
+        view = _deltalake_table(self.location(spark))
+        return view is not None or bool(self.table) or self._delta_finds_path(spark), view
+
     def _delta_finds_path(self, spark: SparkSession) -> bool:
         from delta.tables import DeltaTable
 
@@ -193,15 +201,11 @@ class DeltaTarget:
     def job_round(self, spark: SparkSession, job: str) -> tuple[int, int]:
         """``(last round of job, table version)`` from the snapshot's application transactions;
         ``(0, -1)`` for a table that does not exist yet."""
-        # exists() inlined for a path table, so deltalake opens it once: the table it opens
-        # exists, and only one it cannot open is left to Delta's isDeltaTable.
-        if self.table and not self.exists(spark):
+        exists, table = self.exists_with_view(spark)
+        if not exists:
             return 0, -1
-        table = _deltalake_table(self.location(spark))
         if table is not None:
             return table.transaction_version(job) or 0, table.version()
-        if self.path and not self._delta_finds_path(spark):
-            return 0, -1
         snapshot = self._snapshot(spark)
         recorded = snapshot.transactions().get(job)
         return (int(recorded.get()) if recorded.isDefined() else 0), int(snapshot.version())
@@ -411,11 +415,8 @@ def rows_in_range(spark: SparkSession, table: DeltaTarget, stream: str, first: i
     was never atomic with the round's write (a break-it review forced that interleaving)."""
     from pyspark.sql import functions as F
 
-    # exists() inlined for a path table, as in job_round: deltalake opens it once.
-    if table.table and not table.exists(spark):
-        return None
-    view = _deltalake_table(table.location(spark))
-    if view is None and table.path and not table._delta_finds_path(spark):
+    exists, view = table.exists_with_view(spark)
+    if not exists:
         return None
     rows = table.read(spark).where((F.col("stream") == stream)
                                    & F.col("seq").between(first, last))
