@@ -30,7 +30,7 @@ What the rest of the round relies on, and why it still holds:
 * **The same commit.** The files are committed with the same application transaction
   (``txnAppId`` = job, ``txnVersion`` = round) and the same ``userMetadata`` tag as a Spark
   append, by the ``deltalake`` package (Delta's Rust implementation) on the driver, with
-  statistics on ``seq`` so that :func:`js_etl.spark.delta.rows_in_range` skips the files of
+  statistics on ``seq`` so that :func:`js_etl.spark.delta.range_keys` skips the files of
   other rounds. Measured with delta-spark 4.4.0 and deltalake 1.6.6 (tests/spark/
   test_columnar.py pins each): Spark's snapshot reports the round from that ``txn`` action, the
   history shows the tag, and a range outside a file's ``seq`` statistics plans no file.
@@ -52,7 +52,6 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -374,21 +373,18 @@ def create_table(directory: str, rows: StructType, partition_columns: list[str])
 
 def table_keys(directory: str, stream: str, first: int, last: int) -> pa.Table | None:
     """``(seq, num_delivered, consumer_seq)`` of the rows the table holds for ``stream`` in
-    ``first..last``, read through Delta by ``deltalake`` on the driver: the files its current
-    snapshot names whose ``seq`` statistics overlap the range (a file without them is read),
-    then those rows of them. None when no file can hold one.
+    ``first..last``, read by ``deltalake`` on the driver (:meth:`LocalView.keys`); None when no
+    file can hold one.
 
     Reading the named files as they are is a read of the snapshot only while the table has no
     deletion vectors and no column mapping: so only on the protocol the writer was chosen for
     (reader 1, writer <= 2); another writer upgrading it during the run makes this a transient
-    error, and the next run picks the Spark writer. Spark reads the same log: this is the read
-    :func:`js_etl.spark.delta.rows_in_range` makes, without Spark's snapshot update and jobs
-    (measured: 3.5 s of a 1M-message run's acks)."""
-    import pyarrow.dataset as ds
+    error, and the next run picks the Spark writer. The columnar writer's tables never take a
+    key column as a partition column (``_COPYABLE_ORIGIN``)."""
     from deltalake import DeltaTable
 
     from js_etl.errors import TransientError
-    from js_etl.spark.delta import files_holding_seqs
+    from js_etl.spark.delta import ACK_KEY_COLUMNS, LocalView
 
     table = DeltaTable(directory)
     protocol = table.protocol()
@@ -397,19 +393,7 @@ def table_keys(directory: str, stream: str, first: int, last: int) -> pa.Table |
             f"the table at {directory} changed its protocol during the run (reader "
             f"{protocol.min_reader_version}, writer {protocol.min_writer_version}): nothing of "
             "this round is acked; the next run writes it with Spark")
-    files = files_holding_seqs(pa.table(table.get_add_actions(flatten=True)), first, last)
-    # A Delta path is an escaped URI reference (Spark's directory for the partition value
-    # "a/b c" is "kind=a%2Fb c" on disk, "kind=a%252Fb%20c" in the log); absolute when the file
-    # lies elsewhere.
-    paths = [local_directory(p) or p if ":" in p.split("/")[0]
-             else os.path.join(directory, unquote(p))
-             for p in files.column("path").to_pylist()]
-    if not paths:
-        return None
-    in_range = ((ds.field("stream") == stream) & (ds.field("seq") >= first)
-                & (ds.field("seq") <= last))
-    return ds.dataset(paths, format="parquet").to_table(
-        columns=["seq", "num_delivered", "consumer_seq"], filter=in_range)
+    return LocalView(directory, table).keys(stream, first, last, ACK_KEY_COLUMNS)
 
 
 def _payload_type(decode: DecodeConfig) -> StructType:

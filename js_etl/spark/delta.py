@@ -15,10 +15,11 @@ Every round is one Delta transaction per table, tagged twice:
   (:meth:`DeltaTarget.append` raises if it was skipped);
 * ``userMetadata`` = a JSON :class:`CommitTag`, for people and audits reading the history.
 
-Acks are built from :func:`ack_keys` of :func:`rows_in_range`: the ``(seq, num_delivered,
-consumer_seq)`` of the rows the table holds for a round's sequences, read *through Delta*
-(logical column names, deletion vectors, files rewritten by OPTIMIZE: whatever the table's
-features, a read of the current snapshot is what was committed), never from the fetch.
+Acks are built from :func:`range_keys`: the ``(seq, num_delivered, consumer_seq)`` of the rows
+the table holds for a round's sequences, read from the current snapshot (through Delta, or the
+files its log names where those are its rows: logical column names, deletion vectors, files
+rewritten by OPTIMIZE, whatever the table's features, a read of the snapshot is what was
+committed), never from the fetch.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
+from urllib.parse import unquote
 
 from js_etl.errors import TerminalError, TransientError
 from js_etl.spark.session import hadoop_path, spark_jvm
@@ -99,7 +101,7 @@ class DeltaTarget:
             return bool(spark.catalog.tableExists(self.table))
         return _deltalake_table(self.location(spark)) is not None or self._delta_finds_path(spark)
 
-    def exists_with_view(self, spark: SparkSession) -> tuple[bool, Any]:
+    def exists_with_view(self, spark: SparkSession) -> tuple[bool, LocalView | None]:
         """``(exists(), deltalake's view of the table or None)``, deltalake opening it once:
         for callers that read the table through deltalake where it can."""
         if self.table and not self.exists(spark):
@@ -177,8 +179,9 @@ class DeltaTarget:
         writer must see."""
         from pyspark.sql.types import StructType
 
-        table = _deltalake_table(self.location(spark))
-        if table is not None:
+        view = _deltalake_table(self.location(spark))
+        if view is not None:
+            table = view.table
             protocol, metadata = table.protocol(), table.metadata()
             return TableShape(protocol.min_reader_version, protocol.min_writer_version,
                               tuple(metadata.partition_columns),
@@ -201,11 +204,11 @@ class DeltaTarget:
     def job_round(self, spark: SparkSession, job: str) -> tuple[int, int]:
         """``(last round of job, table version)`` from the snapshot's application transactions;
         ``(0, -1)`` for a table that does not exist yet."""
-        exists, table = self.exists_with_view(spark)
+        exists, view = self.exists_with_view(spark)
         if not exists:
             return 0, -1
-        if table is not None:
-            return table.transaction_version(job) or 0, table.version()
+        if view is not None:
+            return view.table.transaction_version(job) or 0, view.table.version()
         snapshot = self._snapshot(spark)
         recorded = snapshot.transactions().get(job)
         return (int(recorded.get()) if recorded.isDefined() else 0), int(snapshot.version())
@@ -374,7 +377,52 @@ def _norm_path(path: str | None) -> str:
     return text if "://" in text else os.path.abspath(text)
 
 
-def _deltalake_table(location: str) -> Any:
+@dataclass(frozen=True, slots=True)
+class LocalView:
+    """``deltalake``'s view of the latest version of a table in a local directory."""
+
+    directory: str
+    table: Any  # deltalake.DeltaTable
+
+    def reads_files_as_rows(self, columns: Iterable[str]) -> bool:
+        """Whether ``columns`` of the table's rows are the same columns of the files its log
+        names, read as they are. What that relies on: on reader protocol 1 a file's columns
+        are named by their logical names (column mapping, which names the physical ones, needs
+        reader 2) and every row of a listed file is in the table (deletion vectors need reader
+        3); a partition column is not in the files; and Spark matches names without case, a
+        file's reader with it, so only names spelled as given count."""
+        names = {field.name for field in self.table.schema().fields}
+        partitions = set(self.table.metadata().partition_columns)
+        return (self.table.protocol().min_reader_version == 1
+                and all(c in names and c not in partitions for c in columns))
+
+    def keys(self, stream: str, first: int, last: int, columns: Iterable[str]) -> pa.Table | None:
+        """``columns`` of the rows the table holds for ``stream`` in ``first..last``, read from
+        the files of its current snapshot whose ``seq`` statistics overlap the range (a file
+        without them is read); None when no file can hold one. Only where
+        :meth:`reads_files_as_rows` says yes for ``stream``, ``seq`` and ``columns``."""
+        import pyarrow as pa
+        import pyarrow.dataset as ds
+
+        from js_etl.spark.columnar import local_directory
+
+        files = files_holding_seqs(pa.table(self.table.get_add_actions(flatten=True)), first,
+                                   last)
+        # A Delta path is an escaped URI reference (Spark's directory for the partition value
+        # "a/b c" is "kind=a%2Fb c" on disk, "kind=a%252Fb%20c" in the log); absolute when the
+        # file lies elsewhere.
+        paths = [local_directory(p) or p if ":" in p.split("/")[0]
+                 else os.path.join(self.directory, unquote(p))
+                 for p in files.column("path").to_pylist()]
+        if not paths:
+            return None
+        in_range = ((ds.field("stream") == stream) & (ds.field("seq") >= first)
+                    & (ds.field("seq") <= last))
+        return ds.dataset(paths, format="parquet").to_table(columns=list(columns),
+                                                            filter=in_range)
+
+
+def _deltalake_table(location: str) -> LocalView | None:
     """``deltalake``'s view of the latest version of a table in a local directory, or None
     (elsewhere, or a table it cannot read): where it reads the table, it reads the same log as
     Spark's snapshot without the Spark job that snapshot runs to gather the application
@@ -391,51 +439,47 @@ def _deltalake_table(location: str) -> Any:
     if directory is None or "%" in directory:
         return None
     try:
-        return DeltaTable(directory)
+        return LocalView(directory, DeltaTable(directory))
     # DeltaError: e.g. a reader feature deltalake does not support (Spark's snapshot reads it);
     # OSError: the path is a regular file.
     except (DeltaError, OSError):
         return None
 
 
-def rows_in_range(spark: SparkSession, table: DeltaTarget, stream: str, first: int,
-                  last: int) -> DataFrame | None:
-    """The rows ``table`` holds for ``stream`` in ``first..last``, read through Delta; None when
-    no file can hold one.
+def range_keys(spark: SparkSession, table: DeltaTarget, stream: str, first: int, last: int, *,
+               with_error: bool = False) -> pa.Table | None:
+    """``(seq, num_delivered, consumer_seq[, error])`` of the rows ``table`` holds for
+    ``stream`` in ``first..last``, as Arrow on the driver; None when no file can hold one.
 
-    Which files can is judged by their ``seq`` statistics: by ``deltalake`` on the driver where
-    it reads the table and the table's reader protocol is 1 (:func:`files_holding_seqs`), else
-    by Spark planning the scan with Delta's data skipping (``inputFiles``). The common case, a
-    round's range that no file holds yet, then costs no Spark job: measured, those planning jobs
-    took 2.2 s of a 5.7 s round of Spark's writer and 1.0 of 2.8 s of a columnar round (100
-    messages, a warm ``local[2]`` session, cProfile: /work/scratch/s19/round_jobs_prof.py). The
-    rows themselves, where a file may hold them, are always read through Delta. The answer is the
-    log as deltalake read it at the call's start (Spark's ``inputFiles()`` answered for the log at
-    its end): either way a commit of another writer after that moment is not seen, and the check
-    was never atomic with the round's write (a break-it review forced that interleaving)."""
+    Read by ``deltalake`` on the driver from the files the log names where those are the rows
+    (:meth:`LocalView.reads_files_as_rows`: reader protocol 1, no key column a partition
+    column), else through Delta by Spark, which plans the scan with Delta's data skipping
+    (``inputFiles``) and reads. Either way the files are chosen by their ``seq`` statistics, so
+    a round's range that no file holds yet, the common case, costs no Spark job. Measured on a
+    warm ``local[2]`` session, 100-message rounds, cProfile (/work/scratch/s20/
+    round_jobs_prof.py): through Spark the reads of a round of Spark's writer took 1.4 s of
+    3.4 s, and the dead letters' of a columnar round 0.7 of 1.5 s. The answer is the log as read
+    at the call's start (Spark's ``inputFiles()`` answered for the log at its end): either way a
+    commit of another writer after that moment is not seen, and the check was never atomic with
+    the round's write (a break-it review forced that interleaving)."""
     from pyspark.sql import functions as F
 
+    columns = (*ACK_KEY_COLUMNS, "error") if with_error else ACK_KEY_COLUMNS
     exists, view = table.exists_with_view(spark)
     if not exists:
         return None
+    if view is not None and view.reads_files_as_rows(("stream", *columns)):
+        return view.keys(stream, first, last, columns)
     rows = table.read(spark).where((F.col("stream") == stream)
                                    & F.col("seq").between(first, last))
-    if view is not None and view.protocol().min_reader_version == 1:
-        import pyarrow as pa
-
-        may_hold = files_holding_seqs(pa.table(view.get_add_actions(flatten=True)), first,
-                                      last).num_rows > 0
-    else:
-        may_hold = bool(rows.inputFiles())
-    return rows if may_hold else None
+    return rows.select(*columns).toArrow() if rows.inputFiles() else None
 
 
 def files_holding_seqs(files: pa.Table, first: int, last: int) -> pa.Table:
     """The add actions (``deltalake``'s ``get_add_actions(flatten=True)``) of the files that may
     hold a ``seq`` in ``first..last``: those whose ``seq`` statistics overlap the range, and
-    every file without them. What it relies on: on reader protocol 1 a file's statistics name
-    the logical columns (column mapping, which names the physical ones, needs reader 2) and
-    every row of the file is in the table (deletion vectors need reader 3); callers check it."""
+    every file without them. Callers check that the files' statistics and columns are the
+    table's (:meth:`LocalView.reads_files_as_rows`)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -448,19 +492,23 @@ def files_holding_seqs(files: pa.Table, first: int, last: int) -> pa.Table:
     return files.filter(pc.fill_null(overlap, True))
 
 
-def ack_keys(rows: DataFrame | None, *, seqs: DataFrame | None = None,
-             with_error: bool = False) -> pa.Table:
-    """``(seq, num_delivered, consumer_seq[, error])`` of ``rows`` (only those whose seq is in
-    ``seqs``, when given), as Arrow on the driver."""
+def no_keys(*, with_error: bool = False) -> pa.Table:
+    """An empty table of :func:`range_keys`' columns."""
     import pyarrow as pa
 
     columns = (*ACK_KEY_COLUMNS, "error") if with_error else ACK_KEY_COLUMNS
-    if rows is None:
-        return pa.table({c: pa.array([], pa.string() if c == "error" else pa.int64())
-                         for c in columns})
-    if seqs is not None:
-        rows = rows.join(seqs.select("seq"), "seq", "left_semi")
-    return rows.select(*columns).toArrow()
+    return pa.table({c: pa.array([], pa.string() if c == "error" else pa.int64())
+                     for c in columns})
+
+
+def keys_of(keys: pa.Table | None, seqs: pa.Array | pa.ChunkedArray, *,
+            with_error: bool = False) -> pa.Table:
+    """The rows of ``keys`` whose seq is one of ``seqs`` (no rows for None)."""
+    import pyarrow.compute as pc
+
+    if keys is None:
+        return no_keys(with_error=with_error)
+    return keys.filter(pc.is_in(keys.column("seq"), value_set=seqs))
 
 
 def _list_dir(spark: SparkSession, path: str) -> list[str]:

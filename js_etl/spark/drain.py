@@ -97,7 +97,14 @@ from js_etl.report import LogProgress, Progress, RunReport, StopReason
 from js_etl.spark import columnar
 from js_etl.spark.columnar import ColumnarPlan, RoundOutput, WrittenFile, fetch_decode_write
 from js_etl.spark.decode import PAYLOAD_BYTES, Decoder, with_partition_columns
-from js_etl.spark.delta import CommitTag, ack_keys, create_empty, job_tables, rows_in_range
+from js_etl.spark.delta import (
+    CommitTag,
+    create_empty,
+    job_tables,
+    keys_of,
+    no_keys,
+    range_keys,
+)
 from js_etl.spark.fetch import RAW_DDL, FetchPlan, fetch_partition
 from js_etl.spark.lock import TableLock
 from js_etl.spark.rounds import (
@@ -371,9 +378,10 @@ class Drain:
             first, last = max(floor + 1, seqs[0]), min(delivered, seqs[1])
             if first > last:
                 continue  # its last round is all at or below the ack floor: acked
-            keys = ack_keys(rows_in_range(self.spark, table, self.source.stream, first, last),
-                            with_error=dead)
-            reacked += self._ack(js, lock, keys, dead=dead)
+            keys = range_keys(self.spark, table, self.source.stream, first, last,
+                              with_error=dead)
+            if keys is not None:
+                reacked += self._ack(js, lock, keys, dead=dead)
         # Rows above the floor may have been acked already; at most num_ack_pending were not.
         self.report.reacked_at_start = min(reacked, info.num_ack_pending)
         if reacked:
@@ -459,12 +467,13 @@ class Drain:
             if rdd_id in rdds:
                 rdds[rdd_id].unpersist(False)
 
-    def _stats(self, fetched: DataFrame) -> RoundStats:
+    def _stats(self, fetched: DataFrame) -> tuple[RoundStats, pa.ChunkedArray]:
+        """What the round holds, and its seqs."""
         from pyspark.sql import functions as F
 
-        return RoundStats.of(fetched.select(
-            "seq", F.col("error").isNotNull().alias("dead"),
-            F.col(PAYLOAD_BYTES).alias("bytes")).toArrow())
+        keys = fetched.select("seq", F.col("error").isNotNull().alias("dead"),
+                              F.col(PAYLOAD_BYTES).alias("bytes")).toArrow()
+        return RoundStats.of(keys), keys.column("seq")
 
     def _commit_and_ack(self, js: JetStreamSession, lock: TableLock,
                         fetched: DataFrame | RoundOutput, round_no: int) -> bool:
@@ -495,21 +504,19 @@ class Drain:
         blocks: set[int] = set()
         try:
             with self.report.phase("write"):
-                stats = self._stats(fetched)
+                stats, seqs = self._stats(fetched)
                 if not stats.n:
                     return False
                 if stats.distinct < stats.n:
                     fetched, blocks = self._dedupe(fetched)
                     report.duplicates_dropped += stats.n - stats.distinct
-                    stats = self._stats(fetched)
+                    stats, seqs = self._stats(fetched)
                 first, last = stats.first, stats.last
-                seqs = fetched.select("seq")
                 # Sequences a table already holds (committed by an earlier round or run whose
                 # acks were lost) are acked below, never written twice.
-                before = [rows_in_range(self.spark, table, self.source.stream, first, last)
-                          for table in self.tables]
-                held = [set(ack_keys(rows, seqs=seqs).column("seq").to_pylist())
-                        for rows in before]
+                held = [set(keys_of(range_keys(self.spark, table, self.source.stream, first,
+                                               last), seqs).column("seq").to_pylist())
+                        for table in self.tables]
                 known = sorted(set().union(*held))
                 written = stats
                 if known:
@@ -519,7 +526,7 @@ class Drain:
                     report.already_committed += len(known)
                     fetched = fetched.join(self.spark.createDataFrame(
                         pa.table({"seq": pa.array(known, pa.int64())})), "seq", "left_anti")
-                    written = self._stats(fetched)
+                    written, _ = self._stats(fetched)
                 tag = CommitTag(self.config.job_id, self.run_id, round_no, self.ack_prefix,
                                 first, last)
                 if written.dead:
@@ -544,12 +551,8 @@ class Drain:
             with self.report.phase("ack"):
                 for table in self.tables:
                     is_dead = table is self.dead_letters
-                    # Where no file held the range before this round, all it holds now is ours:
-                    # no need to match it against the round's sequences.
-                    keys = ack_keys(rows_in_range(self.spark, table, self.source.stream, first,
-                                                  last),
-                                    seqs=seqs if before[is_dead] is not None else None,
-                                    with_error=is_dead)
+                    keys = keys_of(range_keys(self.spark, table, self.source.stream, first, last,
+                                              with_error=is_dead), seqs, with_error=is_dead)
                     # What this round wrote; what a table held already was only acked.
                     new_rows = self._ack(js, lock, keys, dead=is_dead) - len(held[is_dead])
                     if is_dead:
@@ -589,7 +592,7 @@ class Drain:
             if held is not None and pc.any(pc.is_in(held.column("seq"),
                                                     keys.column("seq"))).as_py():
                 return False
-            if rows_in_range(self.spark, self.dead_letters, stream, first, last) is not None:
+            if range_keys(self.spark, self.dead_letters, stream, first, last) is not None:
                 return False  # rare: Spark's path compares the dead letters it holds
             tag = CommitTag(self.config.job_id, self.run_id, round_no, self.ack_prefix, first,
                             last)
@@ -610,10 +613,12 @@ class Drain:
             if rows is not None and held is not None:  # others' rows in the range: not ours
                 rows = rows.filter(pc.is_in(rows.column("seq"), keys.column("seq")))
             self.report.messages_written += self._ack(js, lock, rows if rows is not None
-                                                      else ack_keys(None))
+                                                      else no_keys())
             # No dead letter held the range before this round: all it holds now is ours.
-            self.report.dead_letters += self._ack(js, lock, ack_keys(rows_in_range(
-                self.spark, self.dead_letters, stream, first, last), with_error=True), dead=True)
+            dead = range_keys(self.spark, self.dead_letters, stream, first, last,
+                              with_error=True)
+            self.report.dead_letters += self._ack(js, lock, dead if dead is not None
+                                                  else no_keys(with_error=True), dead=True)
         self._count_round(stats)
         return True
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
+import pyarrow as pa
 import pytest
 from streams import add_stream, publish_and_wait, settled
 from test_faults import assert_exactly_once, config_for, events, setup_stream
@@ -27,8 +28,9 @@ from js_etl.spark.delta import (
     CommitTag,
     DeltaTarget,
     create_empty,
+    files_holding_seqs,
     log_actions,
-    rows_in_range,
+    range_keys,
 )
 from js_etl.spark.drain import run_drain
 
@@ -287,9 +289,14 @@ def test_a_columnar_round_commits_with_the_jobs_transaction_tag_and_seq_statisti
             if "commitInfo" in a]
     assert [(t.round, t.first_seq, t.last_seq) for t in tags if t] == [
         (1, 1, 200), (2, 201, 400), (3, 401, 500)]
-    # Data skipping on the files' seq statistics: a range no file covers plans no file.
-    assert rows_in_range(spark, target, names.stream, 501, 10_000) is None
-    assert len(rows_in_range(spark, target, names.stream, 150, 250).inputFiles()) == 2
+    # Data skipping on the files' seq statistics: a range no file covers reads no file.
+    assert range_keys(spark, target, names.stream, 501, 10_000) is None
+    view = target.exists_with_view(spark)[1]
+    assert view is not None and view.reads_files_as_rows(("stream", "seq"))
+    assert files_holding_seqs(pa.table(view.table.get_add_actions(flatten=True)), 150,
+                              250).num_rows == 2
+    assert sorted(range_keys(spark, target, names.stream, 150, 250).column("seq").to_pylist()
+                  ) == list(range(150, 251))
     assert target.read(spark).count() == 500
 
 
@@ -573,7 +580,7 @@ def test_deltalake_checkpoints_are_read_by_spark(spark, js, names, nats_server, 
     target = DeltaTarget(str(table))
     assert target.job_round(spark, job_config().job_id)[0] == 4
     assert target.last_round_seqs(spark, job_config().job_id) == (301, 400)
-    assert rows_in_range(spark, target, names.stream, 10_000, 20_000) is None
+    assert range_keys(spark, target, names.stream, 10_000, 20_000) is None
     assert run_drain(spark, job_config("target.writer=spark")).messages_written == 200
     assert sorted(r.seq for r in target.read(spark).select("seq").collect()) == good
 
