@@ -61,7 +61,9 @@ class RunReport:
     ack_pending_after: int | None = None
     reacked_at_start: int = 0  # rows of an earlier, unfinished round acked by the fence
     released_at_start: int = 0  # deliveries of a dead run the fence NAKed back (ack-pending seen)
-    released_at_end: int = 0  # this run's uncommitted deliveries (failed tasks) NAKed back
+    # deliveries no live round held (a failed task attempt's, acks a restarted server lost),
+    # NAKed back between rounds and at the end
+    released_at_end: int = 0
     duplicates_dropped: int = 0  # second copies of a seq fetched within one round (not written)
     already_committed: int = 0  # fetched again though a table held them: acked, not rewritten
     writer: str = "spark"  # "columnar" (js_etl.spark.columnar) or "spark"
