@@ -135,12 +135,17 @@ class SparkCluster:
     """
 
     def __init__(self, base_dir: Path, workers: int = 2, cores: int = 1,
-                 memory: str = "1g") -> None:
+                 memory: str = "1g", *, jvm_options: str | None = None) -> None:
+        """``jvm_options``: JVM options of the master, the workers and the executors they
+        launch (``JAVA_TOOL_OPTIONS``, which every JVM reads and a child inherits), leaving
+        the command that submits to the cluster as it is."""
         self.base_dir = Path(base_dir)
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self.cores, self.memory = cores, memory
         self.port, self.webui_port = free_port(), free_port()
         self.env = loopback_env(self.base_dir / "logs")
+        if jvm_options:
+            self.env["JAVA_TOOL_OPTIONS"] = jvm_options
         self.master = _Daemon("master", [
             "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
             "--port", str(self.port), "--webui-port", str(self.webui_port)],

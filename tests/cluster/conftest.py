@@ -49,12 +49,18 @@ def cjs(nats_cluster: NatsCluster) -> Iterator[JetStreamSession]:
         yield session
 
 
+# The cluster's JVMs (master, workers, executors) compile with C1 only and collect with the
+# serial GC, as the other JVMs of the tests do (tests/conftest.py), without the class-data
+# archive, which is built for the driver's class path. The submit command is the README's.
+CLUSTER_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
 @pytest.fixture(scope="session")
 def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
     """A Spark standalone master and two 1-core, 1 GiB workers (js_etl/dev/spark_cluster.py),
     loopback only, stopped by pid with their executors."""
     cluster = SparkCluster(tmp_path_factory.mktemp("spark-cluster"), workers=2, cores=1,
-                           memory="1g")
+                           memory="1g", jvm_options=CLUSTER_JVM_OPTIONS)
     try:
         cluster.start()
         yield cluster
