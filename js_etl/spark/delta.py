@@ -153,8 +153,12 @@ class DeltaTarget:
                         f"({', '.join(sorted(stray)[:3])}{', …' if len(stray) > 3 else ''}): "
                         "point target.path at an empty or new directory, or at a Delta table")
             return
-        types = {f.name.lower(): f.dataType.simpleString()
-                 for f in self.read(spark).schema.fields}
+        # deltalake's schema where it reads the table: Spark's read resolves the table and
+        # loads its snapshot, 0.15 s of a 1.9 s one-round columnar run (cProfile,
+        # /work/scratch/s20/round_jobs_prof.py) that nothing else of such a run needs.
+        _, view = self.exists_with_view(spark)
+        schema = view.spark_schema() if view is not None else self.read(spark).schema
+        types = {f.name.lower(): f.dataType.simpleString() for f in schema.fields}
         wrong = [f"{name} {kind}" for name, kind in REQUIRED_COLUMNS.items()
                  if types.get(name) != kind]
         if wrong:
@@ -177,15 +181,12 @@ class DeltaTarget:
         snapshot (DESCRIBE DETAIL and a read's schema took 0.5 s more).
         tests/spark/test_delta_shape.py compares the two on tables with every rule the columnar
         writer must see."""
-        from pyspark.sql.types import StructType
 
         view = _deltalake_table(self.location(spark))
         if view is not None:
-            table = view.table
-            protocol, metadata = table.protocol(), table.metadata()
+            protocol, metadata = view.table.protocol(), view.table.metadata()
             return TableShape(protocol.min_reader_version, protocol.min_writer_version,
-                              tuple(metadata.partition_columns),
-                              StructType.fromJson(json.loads(table.schema().to_json())),
+                              tuple(metadata.partition_columns), view.spark_schema(),
                               dict(metadata.configuration))
         return self._snapshot_shape(spark)
 
@@ -383,6 +384,12 @@ class LocalView:
 
     directory: str
     table: Any  # deltalake.DeltaTable
+
+    def spark_schema(self) -> StructType:
+        """The table's schema as Spark's type (the log's schema string, the same JSON)."""
+        from pyspark.sql.types import StructType
+
+        return StructType.fromJson(json.loads(self.table.schema().to_json()))
 
     def reads_files_as_rows(self, columns: Iterable[str]) -> bool:
         """Whether ``columns`` of the table's rows are the same columns of the files its log

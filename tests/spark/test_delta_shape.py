@@ -128,3 +128,22 @@ def test_a_path_is_the_directory_spark_reads_whatever_the_default_file_system(sp
         conf.set("fs.defaultFS", default)
         conf.unset("fs.viewfs.mounttable.jsetltest.linkFallback")
     assert target.location(spark) == f"file:{local}"
+
+
+@pytest.mark.parametrize("directory", ["t", "t%41"])  # "%": deltalake does not open it: Spark's
+def test_a_table_without_the_key_columns_is_refused_before_anything_is_fetched(spark, tmp_path,
+                                                                             directory):
+    """check_usable reads the schema with deltalake where it opens the table, else with Spark;
+    both must refuse a table the fence and the acks cannot read (README: Troubleshooting)."""
+    from js_etl.errors import TerminalError
+
+    bad, good = tmp_path / "bad" / directory, tmp_path / "good" / directory
+    spark.sql(f"CREATE TABLE delta.`{bad}` (stream STRING, SEQ STRING, num_delivered BIGINT) "
+              "USING delta")
+    spark.sql(f"CREATE TABLE delta.`{good}` (STREAM STRING, seq BIGINT, consumer_seq BIGINT, "
+              "num_delivered BIGINT, id BIGINT) USING delta")
+    assert (_deltalake_table(str(bad)) is None) is ("%" in directory)
+    with pytest.raises(TerminalError, match=r"is not a js-etl table: it needs the columns "
+                                            r"seq bigint, consumer_seq bigint \(the fence"):
+        DeltaTarget(str(bad)).check_usable(spark)
+    DeltaTarget(str(good)).check_usable(spark)  # names match without case, as Spark reads them
