@@ -34,7 +34,7 @@ What the rest of the round relies on, and why it still holds:
   other rounds. Measured with delta-spark 4.4.0 and deltalake 1.6.6 (tests/spark/
   test_columnar.py pins each): Spark's snapshot reports the round from that ``txn`` action, the
   history shows the tag, and a range outside a file's ``seq`` statistics plans no file.
-* **Acks still come from reading the tables back through Delta**, never from the task output.
+* **Acks still come from reading the tables back** (their snapshots), never from the task output.
 
 It is chosen when the round is planned (:func:`columnar_plan`) only where it writes what the
 Spark writer would: JSON payloads whose schema the batch decoder covers

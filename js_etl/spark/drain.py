@@ -15,10 +15,11 @@ and fetching from a durable consumer is a side effect — a recomputed partition
    (:mod:`js_etl.spark.columnar`); what follows holds for both.
 2. Table rows and dead-letter rows are written from that checkpoint (or those files), one Delta
    transaction per table, tagged with the job and round (see :mod:`js_etl.spark.delta`).
-3. Acks are built from what the tables hold for the round's sequences, read back through Delta
-   — never from the checkpoint, the task output or a fetch. Dead letters get ``+TERM`` with
-   their reason, table rows ``+ACK``. Every ack block is *confirmed applied* before anything
-   else happens (:mod:`js_etl.jetstream.ack`): a flush only proves the server read them.
+3. Acks are built from what the tables hold for the round's sequences, read back from their
+   current snapshots (:func:`js_etl.spark.delta.range_keys`) — never from the checkpoint,
+   the task output or a fetch. Dead letters get ``+TERM`` with their reason, table rows
+   ``+ACK``. Every ack block is *confirmed applied* before anything else happens
+   (:mod:`js_etl.jetstream.ack`): a flush only proves the server read them.
 
 Exactly-once rests on these mechanisms, each holding whatever the timing:
 
@@ -35,9 +36,9 @@ Exactly-once rests on these mechanisms, each holding whatever the timing:
 * **Dedupe by seq** of the round's rows (second line of defence against redeliveries inside a
   round, e.g. after a server restart lost its delivery state), keeping the latest delivery,
   before anything is counted or written: stats, dead letters and rows see the same copy.
-* **Never write a seq twice**: the round's sequences are checked against both tables (through
-  Delta, data skipping on ``seq``); what a table already holds (its ack was lost: a server
-  killed before it stored the ack, a dead run) is acked, not written again.
+* **Never write a seq twice**: the round's sequences are checked against both tables (their
+  snapshots, files skipped by their ``seq`` statistics); what a table already holds (its ack
+  was lost: a server killed before it stored the ack, a dead run) is acked, not written again.
 * **Round numbers from Delta's application transaction**, checked after every append.
 * **The lock** (:mod:`js_etl.spark.lock`): one run per consumer; its ownership is checked before
   every commit and every ack block.
@@ -592,7 +593,7 @@ class Drain:
         table holds any of them; else False, with nothing written. The same steps and checks
         as :meth:`_commit_spark` otherwise: dead letters appended by Spark, the round's files
         committed in one transaction (:meth:`DeltaTarget.commit_files`), acks from what the
-        tables hold for the round's seqs afterwards, read through Delta."""
+        tables hold for the round's seqs afterwards, read from their snapshots."""
         import pyarrow.compute as pc
 
         assert self.columnar is not None
