@@ -471,7 +471,7 @@ def range_keys(spark: SparkSession, table: DeltaTarget, stream: str, first: int,
     the round's write (a break-it review forced that interleaving)."""
     from pyspark.sql import functions as F
 
-    columns = (*ACK_KEY_COLUMNS, "error") if with_error else ACK_KEY_COLUMNS
+    columns = _key_columns(with_error)
     exists, view = table.exists_with_view(spark)
     if not exists:
         return None
@@ -503,9 +503,13 @@ def no_keys(*, with_error: bool = False) -> pa.Table:
     """An empty table of :func:`range_keys`' columns."""
     import pyarrow as pa
 
-    columns = (*ACK_KEY_COLUMNS, "error") if with_error else ACK_KEY_COLUMNS
     return pa.table({c: pa.array([], pa.string() if c == "error" else pa.int64())
-                     for c in columns})
+                     for c in _key_columns(with_error)})
+
+
+def _key_columns(with_error: bool) -> tuple[str, ...]:
+    """The keys an ack is built from, and a dead letter's reason for its ``+TERM``."""
+    return (*ACK_KEY_COLUMNS, "error") if with_error else ACK_KEY_COLUMNS
 
 
 def keys_of(keys: pa.Table | None, seqs: pa.Array | pa.ChunkedArray, *,
