@@ -144,7 +144,8 @@ class DeltaTarget:
         """Refuse, before anything is fetched, a table js-etl cannot fence and ack from
         (module docstring), and a path that holds other files but no Delta table: writing
         there would silently make those files part of a new table's directory."""
-        if not self.exists(spark):
+        exists, view = self.exists_with_view(spark)
+        if not exists:
             if self.path:
                 stray = [name for name in _list_dir(spark, self.path) if name != "_js_etl"]
                 if stray:
@@ -156,7 +157,6 @@ class DeltaTarget:
         # deltalake's schema where it reads the table: Spark's read resolves the table and
         # loads its snapshot, 0.15 s of a 1.9 s one-round columnar run (cProfile,
         # /work/scratch/s20/round_jobs_prof.py) that nothing else of such a run needs.
-        _, view = self.exists_with_view(spark)
         schema = view.spark_schema() if view is not None else self.read(spark).schema
         types = {f.name.lower(): f.dataType.simpleString() for f in schema.fields}
         wrong = [f"{name} {kind}" for name, kind in REQUIRED_COLUMNS.items()
