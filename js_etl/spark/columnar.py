@@ -4,8 +4,8 @@ table's Parquet files itself; the driver commits them in one Delta transaction p
 Why (issue 14): on the Spark writer every message crosses the JVM row by row — Arrow to rows,
 ``from_json`` with a parser per payload, the round's checkpoint of full rows, Parquet encoding —
 and that, not the pull, was most of a round's CPU. Here the JVM sees only what the round needs
-to decide and ack: one blob of keys per pull and one row per file (and the dead letters, in the
-dead-letter table's append).
+to decide and ack: one blob of keys per pull and one row per file (and the dead letters, where
+Spark appends them: below).
 
 The round is one Spark job: its tasks write the good rows *and* the dead letters to files, and
 their output (:data:`OUTPUT_DDL`: one blob of keys per pull, one description per file) is
@@ -18,12 +18,17 @@ What the rest of the round relies on, and why it still holds:
 * **A failed task attempt's files are never committed.** Only files named in the collected
   output are committed, and a failed attempt's output is not in it. Its files stay in the table
   directory unreferenced, as a failed Spark write task's do, until a VACUUM removes them.
-* **Dead letters travel as files, not through the driver's heap.** A task writes its dead
-  letters (payload, headers and reason) to one Parquet file of :data:`ROUND_SCHEMA` at the
-  table's top level, named with the task's file prefix; the driver's Spark append into the
-  dead-letter table reads them, then the file is removed (at the end of the round, committed or
-  not). A round may hold up to ``partitions x fetch.partition_max_bytes`` of them: a collect
-  would put all of it on the driver's JVM heap and against ``spark.driver.maxResultSize``.
+* **Dead letters travel as files, not through the task output.** A task writes its dead
+  letters (payload, headers and reason) to one Parquet file of :data:`DEAD_LETTER_SCHEMA`, named
+  with the task's file prefix. A round may hold up to ``partitions x fetch.partition_max_bytes``
+  of them: a collect would put all of it on the driver's JVM heap and against
+  ``spark.driver.maxResultSize``, and ``deltalake``'s own writer held about 4x the bytes it
+  wrote (measured: a peak of 1,240 MiB for 256 MiB, /work/scratch/s21/dl_mem.py). Where the
+  dead-letter table takes the files as they are (:attr:`ColumnarPlan.dead_letter_directory`: the
+  rules :func:`table_problem` checks for the rows' table) the file is written there, with
+  statistics, and committed like the rows; else it is written at the rows' table's top level and
+  Spark's append reads it (the dead-letter table has a rule on rows, or is a catalog table still
+  to create). A file not committed as it is is removed at the end of the round.
 * **The files are immutable.** A round the fast commit cannot take as it is — a sequence fetched
   twice, or one a table already holds — reads its files back with Spark and goes through the Spark
   writer with the usual dedupe and anti-join, so every rule of the round applies to both paths.
@@ -57,6 +62,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from js_etl.faults import fail_first_attempt
+from js_etl.spark.decode import DEAD_LETTER_COLUMNS, PAYLOAD_BYTES
 from js_etl.spark.fetch import FetchPlan, fetch_partition
 
 if TYPE_CHECKING:
@@ -70,11 +76,12 @@ if TYPE_CHECKING:
 # * pulled batch: ``keys``, the Arrow IPC stream of the batch's KEY_SCHEMA columns (the JVM
 #   handles one value per pull, not one row per message: 1M key rows cost it seconds);
 # * file of rows it wrote: ``file``, a WrittenFile as JSON;
-# * file of dead letters it wrote (one at most): ``dead_letters``, a WrittenFile as JSON.
+# * file of dead letters it wrote (one at most): ``dead_letters``, a WrittenFile as JSON (its
+#   path relative to ColumnarPlan.dead_letter_files).
 OUTPUT_DDL = "keys BINARY, file STRING, dead_letters STRING"
 # The rows of a round as the Spark writer's path takes them (Drain._commit_spark): the
-# dead-letter columns (decode.DEAD_LETTER_COLUMNS) and the payload's bytes. A task's dead-letter
-# file has this schema; a columnar round the fast commit cannot take becomes these rows.
+# dead-letter columns (decode.DEAD_LETTER_COLUMNS) and the payload's bytes: a columnar round the
+# fast commit cannot take becomes these rows.
 ROUND_DDL = ("seq BIGINT, stream STRING, subject STRING, consumer_seq BIGINT, "
              "num_delivered BIGINT, published_at TIMESTAMP, "
              "headers MAP<STRING, ARRAY<STRING>>, data BINARY, error STRING, "
@@ -121,6 +128,14 @@ class ColumnarPlan:
     partitions: tuple[PartitionColumn, ...]
     park_after: int | None  # source.max_deliver (see Decoder.flag)
     file_prefix: str  # "part-<run>-r<round>": which run and round wrote a file
+    # The dead-letter table's directory, where the tasks' dead-letter files are committed as
+    # they are; None: they go to ``directory``'s top level, for Spark's append to read.
+    dead_letter_directory: str | None
+
+    @property
+    def dead_letter_files(self) -> str:
+        """The directory the tasks' dead-letter file paths are relative to."""
+        return self.dead_letter_directory or self.directory
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,7 +296,8 @@ def unwritable(reader_version: int, writer_version: int, configuration: Mapping[
     return None
 
 
-def columnar_plan(location: str, config: JobConfig, run_id: str) -> ColumnarPlan:
+def columnar_plan(location: str, config: JobConfig, run_id: str,
+                  dead_letter_directory: str | None) -> ColumnarPlan:
     """The plan of a job :func:`config_problem`, :func:`location_problem` and
     :func:`table_problem` accepted."""
     directory = local_directory(location)
@@ -289,7 +305,7 @@ def columnar_plan(location: str, config: JobConfig, run_id: str) -> ColumnarPlan
     payload = _payload_type(config.decode)
     return ColumnarPlan(directory, config.decode, payload.json(),
                         _partition_columns(config, payload), config.source.max_deliver,
-                        f"part-{run_id}")
+                        f"part-{run_id}", dead_letter_directory)
 
 
 def _partition_columns(config: JobConfig, payload: StructType) -> tuple[PartitionColumn, ...]:
@@ -371,6 +387,16 @@ def create_table(directory: str, rows: StructType, partition_columns: list[str])
                       commit_properties=CommitProperties(max_commit_retries=0))
 
 
+def dead_letter_schema() -> StructType:
+    """The dead-letter table's schema (decode.DEAD_LETTER_COLUMNS, Spark's types): ROUND_DDL
+    without the payload's byte count; :data:`DEAD_LETTER_SCHEMA` in Spark's types."""
+    from pyspark.sql.types import StructType, _parse_datatype_string
+
+    schema = _parse_datatype_string(ROUND_DDL)
+    assert isinstance(schema, StructType)
+    return StructType([schema[name] for name in DEAD_LETTER_COLUMNS])
+
+
 def table_keys(directory: str, stream: str, first: int, last: int) -> pa.Table | None:
     """``(seq, num_delivered, consumer_seq)`` of the rows the table holds for ``stream`` in
     ``first..last``, read by ``deltalake`` on the driver (:meth:`LocalView.keys`); None when no
@@ -425,8 +451,8 @@ def fetch_decode_write(fetch: FetchPlan, plan: ColumnarPlan, round_no: int,
     per pull, then one row per file once all are closed.
 
     What fetch.partition_max_bytes bounds here is the round's dead letters (payload, headers and
-    subject counted), which the driver's Spark append reads back in one job: the good rows are
-    committed as they are, the keys a few dozen bytes a message."""
+    subject counted), which the driver's append reads back: the good rows are committed as they
+    are, the keys a few dozen bytes a message."""
     from pyspark import TaskContext
 
     from js_etl.spark.source_decode import BatchDecoder
@@ -482,13 +508,13 @@ def _key_blob(decoded: pa.RecordBatch, dead: pa.Array, payloads: pa.Array) -> by
 
 def _dead_letters(decoded: pa.RecordBatch, error: pa.Array, payloads: pa.Array
                   ) -> pa.RecordBatch:
-    columns = {name: decoded.column(name) for name in ROUND_SCHEMA.names
+    columns = {name: decoded.column(name) for name in DEAD_LETTER_SCHEMA.names
                if name in decoded.schema.names}
-    columns.update({"data": payloads, "error": error,
-                     "_js_etl_payload_bytes": pc.binary_length(payloads).cast(pa.int64())})
+    columns.update({"data": payloads, "error": error})
     n = decoded.num_rows
     return pa.RecordBatch.from_arrays(
-        [columns.get(f.name, pa.nulls(n, f.type)) for f in ROUND_SCHEMA], schema=ROUND_SCHEMA)
+        [columns.get(f.name, pa.nulls(n, f.type)) for f in DEAD_LETTER_SCHEMA],
+        schema=DEAD_LETTER_SCHEMA)
 
 
 def _output_row(*, keys: bytes | None = None, file: str | None = None,
@@ -533,9 +559,9 @@ class _TaskFiles:
 
     def add_dead_letters(self, rows: pa.RecordBatch) -> None:
         if self._dead is None:
-            self._dead = _OpenFile(self._plan.directory,
+            self._dead = _OpenFile(self._plan.dead_letter_files,
                                    f"{self._name}-dead-letters-{uuid.uuid4().hex}.snappy.parquet",
-                                   {}, ROUND_SCHEMA)
+                                   {}, DEAD_LETTER_SCHEMA)
         self._dead.hold(rows)
         self._dead.flush()
 
@@ -685,9 +711,11 @@ def _round_schema() -> pa.Schema:
         ("seq", pa.int64()), ("stream", pa.string()), ("subject", pa.string()),
         ("consumer_seq", pa.int64()), ("num_delivered", pa.int64()),
         ("published_at", origin["published_at"]), ("headers", origin["headers"]),
-        ("data", pa.binary()), ("error", pa.string()), ("_js_etl_payload_bytes", pa.int64())])
+        ("data", pa.binary()), ("error", pa.string()), (PAYLOAD_BYTES, pa.int64())])
 
 
 ROUND_SCHEMA = _round_schema()  # ROUND_DDL in Arrow
+# A task's dead-letter file: the dead-letter table's columns (decode.DEAD_LETTER_COLUMNS).
+DEAD_LETTER_SCHEMA = pa.schema([ROUND_SCHEMA.field(name) for name in DEAD_LETTER_COLUMNS])
 _OUTPUT_SCHEMA = pa.schema([("keys", pa.binary()), ("file", pa.string()),
                             ("dead_letters", pa.string())])

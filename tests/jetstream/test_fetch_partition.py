@@ -103,7 +103,8 @@ def test_a_columnar_task_counts_the_headers_of_the_dead_letters_it_holds(js, nam
     from pyspark.sql.types import LongType, StructField, StructType
 
     columnar = ColumnarPlan(str(tmp_path), decode,
-                            StructType([StructField("id", LongType())]).json(), (), None, "part-x")
+                            StructType([StructField("id", LongType())]).json(), (), None, "part-x",
+                            None)
     fetch = dataclasses.replace(plan(nats_options, stream, names.consumer), batch=200,
                                 max_bytes=16 << 10, held_bytes=64 << 10)
     output = pa.Table.from_batches(list(fetch_decode_write(fetch, columnar, 1, iter([None]))))

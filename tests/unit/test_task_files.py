@@ -31,11 +31,13 @@ def rows(first: int, n: int, day: datetime, kind: str = "order") -> pa.RecordBat
     })
 
 
-def task_files(tmp_path, *partitions: PartitionColumn) -> columnar._TaskFiles:
+def task_files(tmp_path, *partitions: PartitionColumn,
+               dead_letter_directory: str | None = None) -> columnar._TaskFiles:
     decode = load_config(None, ["source.stream=S", "source.consumer=c", "target.path=/t",
                                 "decode.format=json", "decode.schema=kind STRING, pad STRING"],
                          environ={}).decode
-    plan = ColumnarPlan(str(tmp_path), decode, "{}", partitions, None, "part-run")
+    plan = ColumnarPlan(str(tmp_path), decode, "{}", partitions, None, "part-run",
+                        dead_letter_directory)
     return columnar._TaskFiles(plan, "part-run-r1-t0")
 
 
@@ -147,12 +149,19 @@ def dead_letters(first: int, n: int) -> pa.RecordBatch:
              "data": pa.array([b"\xff not json"] * n, pa.binary()),
              "error": pa.array(["not JSON"] * n)}
     return pa.RecordBatch.from_arrays(
-        [given.get(f.name, pa.nulls(n, f.type)) for f in columnar.ROUND_SCHEMA],
-        schema=columnar.ROUND_SCHEMA)
+        [given.get(f.name, pa.nulls(n, f.type)) for f in columnar.DEAD_LETTER_SCHEMA],
+        schema=columnar.DEAD_LETTER_SCHEMA)
 
 
-def test_a_tasks_dead_letters_go_to_one_file_of_their_own_written_as_they_come(tmp_path):
-    with task_files(tmp_path) as files:
+@pytest.mark.parametrize("in_dead_letter_table", [False, True])
+def test_a_tasks_dead_letters_go_to_one_file_of_their_own_written_as_they_come(
+        in_dead_letter_table, tmp_path):
+    """At the rows' table's top level, for Spark's append to read; or in the dead-letter
+    table's directory, to be committed as it is (with the statistics on ``seq`` a range read
+    skips files by)."""
+    directory = tmp_path / "dead" if in_dead_letter_table else tmp_path
+    with task_files(tmp_path, dead_letter_directory=str(directory) if in_dead_letter_table
+                    else None) as files:
         files.add(rows(1, 10, DAY_1))
         files.add_dead_letters(dead_letters(11, 3))
         assert files._dead is not None and not files._dead.pending  # written, not held
@@ -161,8 +170,11 @@ def test_a_tasks_dead_letters_go_to_one_file_of_their_own_written_as_they_come(t
         written, dead = files.close()
     assert [f.rows for f in written] == [20] and dead is not None and dead.rows == 5
     assert dead.path.startswith("part-run-r1-t0-dead-letters-") and dead.partition_values == {}
-    table = pq.read_table(tmp_path / dead.path)
-    assert table.schema == columnar.ROUND_SCHEMA
+    table = pq.read_table(directory / dead.path)
+    assert table.schema == columnar.DEAD_LETTER_SCHEMA
+    stats = json.loads(dead.stats)
+    assert (stats["numRecords"], stats["minValues"]["seq"], stats["maxValues"]["seq"]) == (5, 11,
+                                                                                         25)
     assert table.column("seq").to_pylist() == [11, 12, 13, 24, 25]
     assert set(table.column("data").to_pylist()) == {b"\xff not json"}
     with task_files(tmp_path) as files:  # no dead letters, no file
