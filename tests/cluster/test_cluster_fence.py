@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nats_cluster import add_replicated_stream, wait_consumer_current
+from nats_cluster import add_replicated_stream, wait_consumer_current, wait_for
 
 from js_etl.config import load_config
 from js_etl.dev.publish import publish, wait_for_messages
@@ -47,6 +47,10 @@ def test_fence_reacks_only_the_last_round_below_a_stuck_delivery(
     subject = f"{names.prefix}.e"
     cjs.run(publish(cjs.conn, [(subject, json.dumps({"id": 0}).encode())]))
     cjs.run(wait_for_messages(cjs.conn, names.stream, 1))
+    # The stream's leader has it; the consumer's leader may not have applied it yet, and a
+    # no_wait pull then finds nothing (seen once in a full suite run on a clean clone).
+    wait_for(lambda: cjs.consumer_info(names.stream, names.consumer).num_pending == 1, 60,
+             "the consumer to see seq 1")
     held = cjs.pull(cjs.puller(names.stream, names.consumer), 1, timeout=10)
     assert [m.metadata.stream_seq for m in held.messages] == [1]  # never acked: the stuck one
     cjs.run(publish(cjs.conn, [(subject, json.dumps({"id": i}).encode())
