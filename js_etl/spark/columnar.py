@@ -28,7 +28,8 @@ What the rest of the round relies on, and why it still holds:
   rules :func:`table_problem` checks for the rows' table) the file is written there, with
   statistics, and committed like the rows; else it is written at the rows' table's top level and
   Spark's append reads it (the dead-letter table has a rule on rows, or is a catalog table still
-  to create). A file not committed as it is is removed at the end of the round.
+  to create). A file not committed as it is is removed at the end of the round (a process that
+  dies first leaves it unreferenced, as a failed attempt's files, until a VACUUM).
 * **The files are immutable.** A round the fast commit cannot take as it is — a sequence fetched
   twice, or one a table already holds — reads its files back with Spark and goes through the Spark
   writer with the usual dedupe and anti-join, so every rule of the round applies to both paths.
@@ -451,8 +452,9 @@ def fetch_decode_write(fetch: FetchPlan, plan: ColumnarPlan, round_no: int,
     per pull, then one row per file once all are closed.
 
     What fetch.partition_max_bytes bounds here is the round's dead letters (payload, headers and
-    subject counted), which the driver's append reads back: the good rows are committed as they
-    are, the keys a few dozen bytes a message."""
+    subject counted), which Spark's append reads back where the dead-letter table does not take
+    them as they are: the good rows are committed as they are, the keys a few dozen bytes a
+    message."""
     from pyspark import TaskContext
 
     from js_etl.spark.source_decode import BatchDecoder

@@ -424,8 +424,8 @@ def test_a_columnar_round_with_dead_letters_is_one_spark_job_deltalake_appends_t
 
 def test_a_dead_letter_table_with_a_check_constraint_gets_sparks_append(
         spark, js, names, nats_server, tmp_path):
-    """deltalake's append checks no rows: a dead-letter table with a rule on rows gets Spark's
-    append, which enforces it, while the rows stay columnar."""
+    """A commit of the tasks' files checks no rows: the dead letters of a dead-letter table
+    with a rule on rows go through Spark's append, which enforces it, and nothing is acked."""
     messages, _, _ = events(names, 100, poison_every=10)
     setup_stream(js, names, messages)
     table = tmp_path / "table"
