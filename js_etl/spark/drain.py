@@ -334,12 +334,8 @@ class Drain:
         if problem is None:
             # A catalog table exists by now (_lock_location): a path is the table's location.
             location = self.target.location(self.spark)
-            problem = columnar.location_problem(location)
-        if problem is None:
             rows, names = columnar.row_schema(self.config)
-            if not self.target.exists(self.spark):
-                self._create_for_columnar(self.target, location, rows, names)
-            problem = columnar.table_problem(self.target.shape(self.spark), rows, names)
+            problem = self._columnar_table_problem(self.target, location, rows, names)
         if problem is None:
             self.columnar = columnar.columnar_plan(location, self.config, self.run_id,
                                                    self._dead_letters_as_files())
@@ -350,6 +346,17 @@ class Drain:
         else:
             log.info("writing with Spark, not the columnar writer: %s", problem)
             self.report.writer_note = problem
+
+    def _columnar_table_problem(self, table: DeltaTarget, location: str, rows: StructType,
+                                names: list[str]) -> str | None:
+        """Why the columnar writer cannot commit ``rows`` (partitioned by ``names``) into
+        ``table`` at ``location`` as files, or None; a missing table is created first."""
+        problem = columnar.location_problem(location)
+        if problem is None:
+            if not table.exists(self.spark):
+                self._create_for_columnar(table, location, rows, names)
+            problem = columnar.table_problem(table.shape(self.spark), rows, names)
+        return problem
 
     def _create_for_columnar(self, table: DeltaTarget, location: str, rows: StructType,
                              names: list[str]) -> None:
@@ -376,16 +383,11 @@ class Drain:
         (Spark creates it at the first dead letter, as its writer does), or a table with other
         rules."""
         table, rows = self.dead_letters, columnar.dead_letter_schema()
-        if not table.exists(self.spark):
-            if table.table or columnar.needs_spark_to_create(rows, self.spark.conf.getAll):
-                return None
-            location = table.location(self.spark)
-            if columnar.location_problem(location):
-                return None
-            self._create_for_columnar(table, location, rows, [])
+        if (table.table or columnar.needs_spark_to_create(rows, self.spark.conf.getAll)
+                ) and not table.exists(self.spark):
+            return None
         location = table.location(self.spark)
-        if columnar.location_problem(location) or columnar.table_problem(
-                table.shape(self.spark), rows, []):
+        if self._columnar_table_problem(table, location, rows, []):
             return None
         return columnar.local_directory(location)
 
