@@ -422,6 +422,33 @@ def test_a_columnar_round_with_dead_letters_is_one_spark_job_deltalake_appends_t
     assert {r.error for r in dead.read(spark).collect()} == {MALFORMED}
 
 
+def test_a_round_whose_rows_commit_fails_after_its_dead_letters_keeps_their_files(
+        spark, js, names, nats_server, tmp_path, monkeypatch):
+    """The dead letters' files are committed as they are, before the rows': a round that fails
+    between the two commits must not remove them (the dead-letter table would name missing
+    files), and the next run's fence +TERMs them as committed; the rows are written once."""
+    messages, good, bad = events(names, 200, poison_every=20)
+    setup_stream(js, names, messages)
+    table = tmp_path / "table"
+    original = DeltaTarget.commit_files
+
+    def rows_commit_fails(self: Any, spark: Any, directory: str, *args: Any) -> int:
+        if self.path == str(table):
+            raise TransientError("the rows' commit failed")
+        return original(self, spark, directory, *args)
+
+    monkeypatch.setattr(DeltaTarget, "commit_files", rows_commit_fails)
+    with pytest.raises(TransientError, match="the rows' commit failed"):
+        run_drain(spark, config_for(names, nats_server.url, table, "fetch.partitions=1"))
+    monkeypatch.setattr(DeltaTarget, "commit_files", original)
+    dead = DeltaTarget(f"{table}_dead_letters").read(spark)
+    assert sorted(r.seq for r in dead.select("seq").collect()) == bad  # every file readable
+
+    report = run_drain(spark, config_for(names, nats_server.url, table))
+    assert report.reacked_at_start == len(bad)
+    assert_exactly_once(spark, js, names, table, good, bad)
+
+
 def test_a_dead_letter_table_with_a_check_constraint_gets_sparks_append(
         spark, js, names, nats_server, tmp_path):
     """A commit of the tasks' files checks no rows: the dead letters of a dead-letter table
