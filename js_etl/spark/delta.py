@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import unquote
 
 from js_etl.errors import TerminalError, TransientError
-from js_etl.spark.session import hadoop_path, spark_jvm
+from js_etl.spark.session import hadoop_path, java_class, spark_jvm
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -536,7 +536,7 @@ def log_actions(spark: SparkSession, location: str, version: int) -> list[dict[s
     path, fs = hadoop_path(spark, f"{location}/_delta_log/{version:020d}.json")
     stream = fs.open(path)
     try:
-        text = str(spark_jvm(spark).org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
+        text = str(java_class(spark, "org.apache.commons.io.IOUtils").toString(stream, "UTF-8"))
     finally:
         stream.close()
     return [json.loads(line) for line in text.splitlines() if line.strip()]

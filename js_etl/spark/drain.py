@@ -70,7 +70,7 @@ import time
 import uuid
 from dataclasses import replace
 from datetime import UTC, datetime
-from functools import partial
+from functools import cached_property, partial
 from typing import TYPE_CHECKING
 
 from js_etl import faults
@@ -132,7 +132,9 @@ MAX_RELEASE = 1_000_000  # widest (ack floor, delivered] window the fence NAKs s
 
 
 def refuse_speculation(spark: SparkSession) -> None:
-    if spark.sparkContext.getConf().get("spark.speculation", "false").lower() == "true":
+    # The session's view of the setting (it holds the SparkContext's settings too): one py4j
+    # call, where a copy of the SparkContext's conf is ~150 (a bench leg's py4j calls, issue 14).
+    if (spark.conf.get("spark.speculation", "false") or "").lower() == "true":
         raise ConfigError("spark.speculation=true runs a fetch task twice and both attempts "
                           "pull from the consumer: run the drain with "
                           "--conf spark.speculation=false")
@@ -358,13 +360,19 @@ class Drain:
             problem = columnar.table_problem(table.shape(self.spark), rows, names)
         return problem
 
+    @cached_property
+    def _session_conf(self) -> dict[str, str]:
+        """The session's settings, read once a run, not once a table: each read is ~150 py4j
+        calls, two a setting (counted in a bench leg, issue 14)."""
+        return self.spark.conf.getAll
+
     def _create_for_columnar(self, table: DeltaTarget, location: str, rows: StructType,
                              names: list[str]) -> None:
         """Create a missing table the columnar writer is to write, by deltalake
         (:func:`columnar.create_table`) or, where only Spark creates it as Spark would, by
         Spark."""
         try:
-            if columnar.needs_spark_to_create(rows, self.spark.conf.getAll):
+            if columnar.needs_spark_to_create(rows, self._session_conf):
                 create_empty(table, self.spark.createDataFrame([], rows), names)
             else:
                 directory = columnar.local_directory(location)
@@ -383,8 +391,8 @@ class Drain:
         (Spark creates it at the first dead letter, as its writer does), or a table with other
         rules."""
         table, rows = self.dead_letters, columnar.dead_letter_schema()
-        if (table.table or columnar.needs_spark_to_create(rows, self.spark.conf.getAll)
-                ) and not table.exists(self.spark):
+        if not table.exists(self.spark) and (
+                table.table or columnar.needs_spark_to_create(rows, self._session_conf)):
             return None
         location = table.location(self.spark)
         if self._columnar_table_problem(table, location, rows, []):

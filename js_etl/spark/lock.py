@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from js_etl.errors import RunRefusedError, TerminalError
-from js_etl.spark.session import hadoop_path, spark_jvm
+from js_etl.spark.session import hadoop_path, java_class
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -283,7 +283,7 @@ class _HadoopFile:
     """The same operations through Spark's Hadoop FileSystem (s3a://, abfss://, hdfs://)."""
 
     def __init__(self, spark: SparkSession, path: str) -> None:
-        self._jvm = spark_jvm(spark)
+        self._io_utils = java_class(spark, "org.apache.commons.io.IOUtils")
         self._path, self._fs = hadoop_path(spark, path)
         self.path = path
 
@@ -303,7 +303,7 @@ class _HadoopFile:
             return None
         stream = self._fs.open(self._path)
         try:
-            return bytes(self._jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
+            return bytes(self._io_utils.toByteArray(stream))
         finally:
             stream.close()
 

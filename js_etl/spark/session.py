@@ -169,8 +169,18 @@ def spark_jvm(spark: SparkSession) -> Any:
     return view
 
 
+def java_class(spark: SparkSession, name: str) -> Any:
+    """The JVM's class ``name`` (fully qualified) for py4j calls. Spelled as attributes
+    (``jvm.org.apache.hadoop.fs.Path``) py4j asks the JVM about every dot: five calls before
+    the one that is wanted; a ``JavaClass`` asks nothing until it is called. A run made ~100 of
+    those calls (counted in a bench leg, issue 14)."""
+    from py4j.java_gateway import JavaClass
+
+    return JavaClass(name, spark_jvm(spark)._gateway_client)
+
+
 def hadoop_path(spark: SparkSession, path: str) -> tuple[Any, Any]:
     """``path`` as a Hadoop ``Path`` and the ``FileSystem`` that serves it, so the driver reads
     and writes any store Spark can (file:, hdfs://, s3a://, abfss://) without a Spark job."""
-    hpath = spark_jvm(spark).org.apache.hadoop.fs.Path(path)
+    hpath = java_class(spark, "org.apache.hadoop.fs.Path")(path)
     return hpath, hpath.getFileSystem(spark._jsc.hadoopConfiguration())

@@ -109,12 +109,8 @@ def test_speculation_is_refused(spark, names, nats_server, tmp_path):
         def get(self, key: str, default: str) -> str:
             return "true" if key == "spark.speculation" else default
 
-    class Context:
-        def getConf(self) -> Conf:
-            return Conf()
-
     class Session:
-        sparkContext = Context()
+        conf = Conf()
 
     refuse_speculation(spark)  # the test session runs without speculation
     with pytest.raises(ConfigError, match="spark.speculation=false"):
@@ -274,6 +270,21 @@ def test_lock_of_a_dead_owner_whose_pid_was_reused_is_taken_over(spark, tmp_path
 
     with TableLock(spark, str(tmp_path), "c", "new-run") as lock:
         assert lock.previous is not None and lock.previous.run_id == "dead-run"
+
+
+def test_the_lock_file_through_hadoop_behaves_as_the_local_one(spark, tmp_path):
+    """The lock's file on a store that is not the local disk (s3a://, abfss://, hdfs://) goes
+    through Spark's Hadoop FileSystem; here Hadoop's own local one stands in for such a store."""
+    path = tmp_path / "c.lock"
+    hadoop = lock_module._HadoopFile(spark, f"file://{path}")
+    assert hadoop.read() is None
+    assert hadoop.create_exclusive(b"first") is True
+    assert hadoop.create_exclusive(b"second") is False  # taken: the lock's one guarantee
+    assert hadoop.read() == b"first" == path.read_bytes()
+    hadoop.replace(b"third")
+    assert hadoop.read() == b"third"
+    hadoop.delete()
+    assert hadoop.read() is None and not path.exists()
 
 
 def test_lock_of_another_pid_namespace_on_the_same_host_is_not_taken_over(spark, tmp_path):
