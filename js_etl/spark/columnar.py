@@ -7,12 +7,15 @@ and that, not the pull, was most of a round's CPU. Here the JVM sees only what t
 to decide and ack: one blob of keys per pull and one row per file (and the dead letters, where
 Spark appends them: below).
 
-The round is one Spark job: its tasks write the good rows *and* the dead letters to files, and
-their output (:data:`OUTPUT_DDL`: one blob of keys per pull, one description per file) is
-collected on the driver, which is the only read of it. So the fetch runs exactly once without
-the Spark writer's eager local checkpoint (:mod:`js_etl.spark.drain`), which cost a second Spark
-job a round (js-etl bench --legs js_etl, three alternating runs each, 1M x 256 B in 5 rounds:
-the write phase took 0.64-0.69 s with the checkpoint and its collect, 0.19-0.24 s without).
+The round is one Spark job, an RDD's ``mapPartitions``: its tasks write the good rows *and* the dead
+letters to files, and their output (:class:`TaskOutput`: one blob of keys per pull, one description
+per file) is collected on the driver, which is the only read of it. Not a DataFrame's
+``mapInArrow``: nothing of the output needs Spark SQL, and planning and converting it cost the JVM
+about twice a plain RDD job's CPU (a two-task job collecting 3 MB of blobs, warm ``local[2]``:
+118-210 ms against 61-69 ms; /work/scratch/s22/jvm_blob.py, issue 14). So the fetch runs exactly
+once without the Spark writer's eager local checkpoint (:mod:`js_etl.spark.drain`), which cost a
+second Spark job a round (js-etl bench --legs js_etl, three alternating runs each, 1M x 256 B in 5
+rounds: the write phase took 0.64-0.69 s with the checkpoint and its collect, 0.19-0.24 s without).
 What the rest of the round relies on, and why it still holds:
 
 * **A failed task attempt's files are never committed.** Only files named in the collected
@@ -56,7 +59,7 @@ import os
 import re
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -73,13 +76,6 @@ if TYPE_CHECKING:
     from js_etl.config import DecodeConfig, JobConfig
     from js_etl.spark.delta import TableShape
 
-# The output of a fetch task, one row per
-# * pulled batch: ``keys``, the Arrow IPC stream of the batch's KEY_SCHEMA columns (the JVM
-#   handles one value per pull, not one row per message: 1M key rows cost it seconds);
-# * file of rows it wrote: ``file``, a WrittenFile as JSON;
-# * file of dead letters it wrote (one at most): ``dead_letters``, a WrittenFile as JSON (its
-#   path relative to ColumnarPlan.dead_letter_files).
-OUTPUT_DDL = "keys BINARY, file STRING, dead_letters STRING"
 # The rows of a round as the Spark writer's path takes them (Drain._commit_spark): the
 # dead-letter columns (decode.DEAD_LETTER_COLUMNS) and the payload's bytes: a columnar round the
 # fast commit cannot take becomes these rows.
@@ -150,12 +146,21 @@ class WrittenFile:
     stats: str  # Delta statistics JSON
     rows: int
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
 
-    @classmethod
-    def from_json(cls, text: str) -> WrittenFile:
-        return cls(**json.loads(text))
+
+@dataclass(frozen=True, slots=True)
+class TaskOutput:
+    """One item of a fetch task's output, for one of:
+
+    * a pulled batch: ``keys``, the Arrow IPC stream of the batch's :data:`KEY_SCHEMA` columns
+      (one value per pull, not one per message: 1M key rows through the JVM cost it seconds);
+    * a file of rows the task wrote: ``file``;
+    * the file of dead letters it wrote (one at most): ``dead_letters`` (its path relative to
+      :attr:`ColumnarPlan.dead_letter_files`)."""
+
+    keys: bytes | None = None
+    file: WrittenFile | None = None
+    dead_letters: WrittenFile | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,14 +173,13 @@ class RoundOutput:
     dead_letters: tuple[WrittenFile, ...]
 
     @classmethod
-    def of(cls, output: pa.Table) -> RoundOutput:
-        """From the collected :data:`OUTPUT_DDL` rows."""
-        blobs, files, dead = (output.column(c).to_pylist() for c in ("keys", "file",
-                                                                      "dead_letters"))
-        keys = [batch for blob in blobs if blob is not None for batch in pa.ipc.open_stream(blob)]
+    def of(cls, output: list[TaskOutput]) -> RoundOutput:
+        """From the tasks' collected output."""
+        keys = [batch for o in output if o.keys is not None
+                for batch in pa.ipc.open_stream(o.keys)]
         return cls(pa.Table.from_batches(keys, schema=KEY_SCHEMA),
-                   tuple(WrittenFile.from_json(f) for f in files if f is not None),
-                   tuple(WrittenFile.from_json(f) for f in dead if f is not None))
+                   tuple(o.file for o in output if o.file is not None),
+                   tuple(o.dead_letters for o in output if o.dead_letters is not None))
 
 
 def config_problem(spark: SparkSession, config: JobConfig) -> str | None:
@@ -445,11 +449,11 @@ def local_directory(location: str) -> str | None:
 
 
 def fetch_decode_write(fetch: FetchPlan, plan: ColumnarPlan, round_no: int,
-                       batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """``mapInArrow`` body: the fetch (:func:`~js_etl.spark.fetch.fetch_partition`), each pulled
-    batch decoded, its good rows written on into one Parquet file per partition value and its
-    dead letters into the task's dead-letter file (:class:`_TaskFiles`); yields a row of keys
-    per pull, then one row per file once all are closed.
+                       elements: Iterator[int]) -> Iterator[TaskOutput]:
+    """``mapPartitions`` body over one element a partition: the fetch
+    (:func:`~js_etl.spark.fetch.fetch_partition`), each pulled batch decoded, its good rows written
+    on into one Parquet file per partition value and its dead letters into the task's dead-letter
+    file (:class:`_TaskFiles`); yields the keys of each pull, then each file once all are closed.
 
     What fetch.partition_max_bytes bounds here is the round's dead letters (payload, headers and
     subject counted), which Spark's append reads back where the dead-letter table does not take
@@ -465,7 +469,7 @@ def fetch_decode_write(fetch: FetchPlan, plan: ColumnarPlan, round_no: int,
     dead_bytes = 0
     with _TaskFiles(plan, f"{plan.file_prefix}-r{round_no}-t{task}") as files:
         # Late binding wanted: the fetch asks before each pull what is held by then.
-        for raw in fetch_partition(fetch, batches, held=lambda: dead_bytes):  # noqa: B023
+        for raw in fetch_partition(fetch, elements, held=lambda: dead_bytes):  # noqa: B023
             decoded = decoder(raw)
             # The decoder keeps a good row's payload only with keep_raw: the bytes, and a row
             # that is parked below, take it from the pull.
@@ -479,7 +483,7 @@ def fetch_decode_write(fetch: FetchPlan, plan: ColumnarPlan, round_no: int,
                 error = pc.if_else(pc.greater(delivered, plan.park_after), poison, error)
             dead = pc.is_valid(error)
             rows = decoded.drop_columns(["error"] if plan.decode.keep_raw else ["error", "data"])
-            yield _output_row(keys=_key_blob(decoded, dead, payloads))
+            yield TaskOutput(keys=_key_blob(decoded, dead, payloads))
             if pc.any(dead).as_py():
                 files.add(rows.filter(pc.invert(dead)))
                 dead_letters = _dead_letters(decoded.filter(dead), error.filter(dead),
@@ -492,9 +496,9 @@ def fetch_decode_write(fetch: FetchPlan, plan: ColumnarPlan, round_no: int,
     if written:  # the attempt dies with its files on disk: they must never be committed
         fail_first_attempt("fail_write_task", fetch.fault)
     for description in written:
-        yield _output_row(file=description.to_json())
+        yield TaskOutput(file=description)
     if dead_file is not None:
-        yield _output_row(dead_letters=dead_file.to_json())
+        yield TaskOutput(dead_letters=dead_file)
 
 
 def _key_blob(decoded: pa.RecordBatch, dead: pa.Array, payloads: pa.Array) -> bytes:
@@ -517,13 +521,6 @@ def _dead_letters(decoded: pa.RecordBatch, error: pa.Array, payloads: pa.Array
     return pa.RecordBatch.from_arrays(
         [columns.get(f.name, pa.nulls(n, f.type)) for f in DEAD_LETTER_SCHEMA],
         schema=DEAD_LETTER_SCHEMA)
-
-
-def _output_row(*, keys: bytes | None = None, file: str | None = None,
-                dead_letters: str | None = None) -> pa.RecordBatch:
-    return pa.RecordBatch.from_arrays(
-        [pa.array([keys], pa.binary()), pa.array([file], pa.string()),
-         pa.array([dead_letters], pa.string())], schema=_OUTPUT_SCHEMA)
 
 
 class _TaskFiles:
@@ -719,5 +716,3 @@ def _round_schema() -> pa.Schema:
 ROUND_SCHEMA = _round_schema()  # ROUND_DDL in Arrow
 # A task's dead-letter file: the dead-letter table's columns (decode.DEAD_LETTER_COLUMNS).
 DEAD_LETTER_SCHEMA = pa.schema([ROUND_SCHEMA.field(name) for name in DEAD_LETTER_COLUMNS])
-_OUTPUT_SCHEMA = pa.schema([("keys", pa.binary()), ("file", pa.string()),
-                            ("dead_letters", pa.string())])

@@ -482,11 +482,12 @@ class Drain:
             fault_seconds=(1.5 * fetch_seconds(self.config, ack_wait)
                            if self.fault == "slow_task_start" else ack_wait + 1))
         with self.report.phase("fetch"):
-            tasks = self.spark.range(size.partitions, numPartitions=size.partitions)
             if self.columnar:  # decoded and written to files by the fetch tasks themselves
-                return RoundOutput.of(tasks.mapInArrow(
-                    partial(fetch_decode_write, plan, self.columnar, round_no),
-                    columnar.OUTPUT_DDL).toArrow()), set()
+                indexes = self.spark.sparkContext.parallelize(range(size.partitions),
+                                                              size.partitions)
+                return RoundOutput.of(indexes.mapPartitions(
+                    partial(fetch_decode_write, plan, self.columnar, round_no)).collect()), set()
+            tasks = self.spark.range(size.partitions, numPartitions=size.partitions)
             fetched, blocks = self._checkpoint(self.decoder.flag(
                 tasks.mapInArrow(partial(fetch_partition, plan), RAW_DDL),
                 park_after=self.park_after))

@@ -85,9 +85,11 @@ class FetchPlan:
     fault_seconds: float = 0.0  # ... and how long a delaying fault point waits
 
 
-def fetch_partition(plan: FetchPlan, batches: Iterator[pa.RecordBatch],
+def fetch_partition(plan: FetchPlan, elements: Iterator[object],
                     held: Callable[[], int] | None = None) -> Iterator[pa.RecordBatch]:
-    """``mapInArrow`` body over ``spark.range(partitions)``: one task per partition.
+    """The pulls of one task of a round, one task per partition. Its input ``elements`` (one,
+    its index: a row of ``spark.range(partitions)`` for the Spark writer's ``mapInArrow``, an
+    int for the columnar writer's ``mapPartitions``) carry nothing it needs.
 
     ``held``: how many bytes of the batches yielded so far the caller still holds, checked
     against ``plan.held_bytes`` before every pull; by default all the pulls' bytes (Spark's
@@ -100,7 +102,7 @@ def fetch_partition(plan: FetchPlan, batches: Iterator[pa.RecordBatch],
     and byte budgets cover it in full, so the budgets hold exactly as with one pull at a time.
     Priority groups keep one pull in flight: the pin is granted by a delivery, to one pull.
     """
-    for _ in batches:  # the partition's index row carries nothing we need; read it all
+    for _ in elements:  # read them all, as a task does
         pass
     start_late(plan.fault, plan.fault_seconds)
     if time.time() >= plan.deadline:

@@ -7,7 +7,6 @@ import dataclasses
 import gc
 import time
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from streams import consumer, pub
@@ -15,7 +14,7 @@ from streams import consumer, pub
 from js_etl.config import load_config
 from js_etl.dev.publish import publish, wait_for_messages
 from js_etl.jetstream import ack_prefix
-from js_etl.spark.columnar import ColumnarPlan, WrittenFile, fetch_decode_write
+from js_etl.spark.columnar import ColumnarPlan, fetch_decode_write
 from js_etl.spark.fetch import FetchPlan, fetch_partition
 
 
@@ -107,9 +106,8 @@ def test_a_columnar_task_counts_the_headers_of_the_dead_letters_it_holds(js, nam
                             None)
     fetch = dataclasses.replace(plan(nats_options, stream, names.consumer), batch=200,
                                 max_bytes=16 << 10, held_bytes=64 << 10)
-    output = pa.Table.from_batches(list(fetch_decode_write(fetch, columnar, 1, iter([None]))))
-    (described,) = [WrittenFile.from_json(f) for f in output.column("dead_letters").to_pylist()
-                    if f is not None]
+    output = list(fetch_decode_write(fetch, columnar, 1, iter([0])))
+    (described,) = [o.dead_letters for o in output if o.dead_letters is not None]
     dead = pq.read_table(tmp_path / described.path)
     # The task stops asking once it holds the budget, less its two pulls in flight.
     assert 0 < dead.nbytes < (64 << 10) + 2 * (16 << 10) * 2
