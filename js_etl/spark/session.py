@@ -89,9 +89,9 @@ def local_jvm_options(*, columnar: bool, conf: Mapping[str, str] | None = None,
 def local_builder(master: str = "local[2]", app_name: str = "js-etl",
                   conf: Mapping[str, str] | None = None, *, columnar: bool = False
                   ) -> SparkSession.Builder:
-    """A builder for js-etl on local Spark: Delta, UTC, no UI, workers on this interpreter, the
-    JVM options of :func:`local_jvm_options` (``columnar``: for a drain on the columnar
-    writer)."""
+    """A builder for js-etl on local Spark: Delta, UTC, no UI, workers on this interpreter
+    forked from :mod:`js_etl.spark.worker_daemon`, the JVM options of :func:`local_jvm_options`
+    (``columnar``: for a drain on the columnar writer)."""
     from pyspark.sql import SparkSession
 
     # Workers must run this venv's Python, or they import a different (or no) js_etl.
@@ -106,7 +106,9 @@ def local_builder(master: str = "local[2]", app_name: str = "js-etl",
                .config("spark.databricks.delta.snapshotPartitions", "2")
                .config("spark.driver.extraJavaOptions",
                        local_jvm_options(columnar=columnar, conf=conf))
-               .config("spark.executor.extraJavaOptions", "-Duser.timezone=UTC"))
+               .config("spark.executor.extraJavaOptions", "-Duser.timezone=UTC")
+               # Fresh Python workers start with the fetch tasks' modules imported.
+               .config("spark.python.daemon.module", "js_etl.spark.worker_daemon"))
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     return configure_delta(builder)

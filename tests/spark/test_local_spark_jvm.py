@@ -41,3 +41,23 @@ def test_local_spark_starts_its_jvm_with_js_etls_options(writer, submit_opts, co
     assert [name for name in jvm["collectors"] if name in collectors] == collectors, jvm
     assert ("-XX:TieredStopAtLevel=1" in jvm["arguments"]) is c1_only, jvm
     assert "-Duser.timezone=UTC" in jvm["arguments"], jvm
+
+
+
+def test_local_workers_fork_from_a_daemon_that_imported_the_fetch_modules(spark):
+    """Fresh Python workers (every new process; PySpark kills idle ones after a minute) start
+    with pyarrow and js-etl's fetch modules imported: forked from js_etl.spark.worker_daemon,
+    which imported them (its process maps pyarrow's library), not importing them each."""
+
+    def worker_and_daemon(_: object) -> dict[str, object]:  # in a worker: its parent, the daemon
+        parent = os.getppid()
+        with open(f"/proc/{parent}/cmdline", "rb") as f:
+            command = [c.decode() for c in f.read().split(b"\0") if c]
+        with open(f"/proc/{parent}/maps") as f:
+            libraries = {line.rsplit("/", 1)[-1].strip() for line in f if ".so" in line}
+        return {"daemon": command,
+                "arrow_in_daemon": any(lib.startswith("libarrow_python") for lib in libraries)}
+
+    [seen] = spark.sparkContext.parallelize([0], 1).map(worker_and_daemon).collect()
+    assert seen["daemon"][1:3] == ["-m", "js_etl.spark.worker_daemon"], seen
+    assert seen["arrow_in_daemon"], seen

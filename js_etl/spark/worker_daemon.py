@@ -1,0 +1,42 @@
+"""PySpark's Python worker daemon, with the fetch tasks' modules imported before it forks.
+
+PySpark starts one daemon process per executor (``python -m pyspark.daemon``), which forks a
+worker per concurrent task. Every fresh worker imported pyarrow's compute, JSON and Parquet
+modules and js-etl's fetch, decode and NATS client modules at its first task, on its own: about
+0.7 CPU-seconds a worker for those imports alone (one 100,000 x 4 KiB columnar fetch task outside
+Spark, three in one process: 4.3 CPU-s the first, 3.6 the next; 3.6 the first once they were
+imported beforehand; /work/scratch/s22/task_three.py, issue 14). A drain's workers are fresh in
+every new process and after a minute idle (PySpark's idle-worker timeout), so every run paid it
+once per partition. Imported here, in the daemon, forked workers share them: paid once per
+executor. Measured with py-spy over one 100,000 x 4 KiB drain in a new local[2] session
+(/work/scratch/s22/fresh_runs.py): 2.98 s of the workers' samples were imports, 0.22 s with this
+daemon, which took 1.2 s more for them itself — 1.6 CPU-s less a run on two partitions.
+
+Set for local sessions only (``spark.python.daemon.module``, :func:`js_etl.spark.session.
+local_builder`; a ``spark.conf`` setting of it wins): under spark-submit the executors' Python
+is the user's to set up, and keeps PySpark's own daemon.
+
+Nothing here may write to stdout: the JVM reads the daemon's port from it.
+"""
+
+# Imported for the forked workers: what a fetch task imports (columnar or not), at the top of
+# these modules or inside the functions a task runs.
+import pyarrow.compute
+import pyarrow.ipc
+import pyarrow.json
+import pyarrow.parquet  # noqa: F401
+import pyspark.sql.pandas.types  # noqa: F401
+from pyspark import daemon
+
+import js_etl.spark.columnar
+import js_etl.spark.fetch
+import js_etl.spark.json_batch
+import js_etl.spark.source_decode  # noqa: F401
+
+try:  # pyarrow's compute functions import pandas, where it is installed, at their first call
+    import pandas  # noqa: F401
+except ImportError:
+    pass
+
+if __name__ == "__main__":
+    daemon.manager()
