@@ -147,7 +147,6 @@ class WrittenFile:
     rows: int
 
 
-
 @dataclass(frozen=True, slots=True)
 class TaskOutput:
     """One item of a fetch task's output, for one of:
