@@ -147,6 +147,9 @@ _EXECUTOR_LOST = ("CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND", "ExecutorLostFailure",
                   "FetchFailedException")
 # The last line of a Python traceback that Spark carries back from an executor.
 _EXECUTOR_ERROR = re.compile(r"^js_etl\.(?:\w+\.)*?(\w+): (.*)$")
+# What Spark says when an executor's Python daemon could not start (it then quotes the daemon's
+# stderr up to "PYTHONPATH was:"): seen with a PYSPARK_PYTHON that lacks pyarrow or js-etl.
+_WORKER_START_FAILED = "Error from python worker:"
 
 
 def failure_reason(error: BaseException) -> tuple[str, int]:
@@ -165,6 +168,11 @@ def failure_reason(error: BaseException) -> tuple[str, int]:
     if lost:
         return (f"an executor was lost during the run ({lost}); nothing it held was acked, so "
                 "the next run takes it up again", TransientError.exit_code)
+    if _WORKER_START_FAILED in text:
+        quoted = text.split(_WORKER_START_FAILED, 1)[1].split("PYTHONPATH was:", 1)[0]
+        last = ([line.strip() for line in quoted.splitlines() if line.strip()] or ["?"])[-1]
+        return (f"the executors' Python could not start a worker: {last} (spark.pyspark.python / "
+                "PYSPARK_PYTHON must be a Python with js-etl and its dependencies)")[:500], 1
     lines = text.strip().splitlines() or [""]
     if "Traceback (most recent call last)" in text:  # an executor's Python error: its last line
         return lines[-1].strip()[:500], 1

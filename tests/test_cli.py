@@ -21,8 +21,10 @@ BIN = Path(sys.executable).parent
 JS_ETL = str(BIN / "js-etl")
 
 
-def run(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "TZ": "UTC"}
+def run(*args: str, timeout: float = 180, env: dict[str, str] | None = None
+        ) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "TZ": "UTC",
+           **(env or {})}
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
 
 
@@ -95,6 +97,25 @@ def test_drain_command_reports_json_on_stdout_and_in_the_report_file(stream_with
     assert status.returncode == 0, status.stderr
     assert "ack pending" in status.stdout and "ack floor" in status.stdout
     assert "stream seq 120" in status.stdout
+
+
+def test_workers_whose_python_lacks_js_etls_dependencies_fail_in_one_clear_line(
+        stream_with_messages, nats_server, js, tmp_path):
+    """A PYSPARK_PYTHON without pyarrow or js-etl: the executors' Python daemon
+    (js_etl.spark.worker_daemon) cannot start; the run says why in one line, exit 1, and
+    nothing is delivered."""
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    names = stream_with_messages
+    result = run(JS_ETL, "drain", *drain_args(names, nats_server, tmp_path / "t"),
+                 env={"PYSPARK_PYTHON": str(bare / "bin" / "python")})
+    assert result.returncode == 1, result.stderr[-2000:]
+    reason = ("js-etl: the executors' Python could not start a worker: ModuleNotFoundError: No "
+              "module named 'pyarrow' (spark.pyspark.python / PYSPARK_PYTHON must be a Python "
+              "with js-etl and its dependencies)")
+    assert reason in result.stderr.splitlines(), result.stderr[-3000:]
+    info = js.consumer_info(names.stream, names.consumer)
+    assert (info.num_pending, info.num_ack_pending) == (120, 0)
 
 
 def test_spark_submit_job_drains_with_delta_jars(stream_with_messages, nats_server, tmp_path):
