@@ -14,7 +14,7 @@ import pytest
 from js_etl.dev.demo import demo_config
 from js_etl.dev.publish import publish, wait_for_messages
 from js_etl.errors import TerminalError
-from js_etl.jetstream.errors import NatsUnavailableError
+from js_etl.jetstream.errors import ConsumerNotFoundError, NatsUnavailableError
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -97,6 +97,20 @@ def test_drain_command_reports_json_on_stdout_and_in_the_report_file(stream_with
     assert status.returncode == 0, status.stderr
     assert "ack pending" in status.stdout and "ack floor" in status.stdout
     assert "stream seq 120" in status.stdout
+
+
+def test_speculation_is_refused_before_anything_is_fetched(stream_with_messages, nats_server,
+                                                            js, tmp_path):
+    """Two attempts of one fetch task would both pull from the consumer."""
+    names = stream_with_messages
+    result = run(JS_ETL, "drain", *drain_args(names, nats_server, tmp_path / "t"),
+                 "--set", "spark.conf.spark.speculation=true")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert ("js-etl: ConfigError: spark.speculation=true runs a fetch task twice and both "
+            "attempts pull from the consumer: run the drain with --conf spark.speculation=false"
+            ) in result.stderr.splitlines(), result.stderr[-3000:]
+    with pytest.raises(ConsumerNotFoundError):  # refused before the run touched the server
+        js.consumer_info(names.stream, names.consumer)
 
 
 def test_workers_whose_python_lacks_js_etls_dependencies_fail_in_one_clear_line(

@@ -132,9 +132,10 @@ MAX_RELEASE = 1_000_000  # widest (ack floor, delivered] window the fence NAKs s
 
 
 def refuse_speculation(spark: SparkSession) -> None:
-    # The session's view of the setting (it holds the SparkContext's settings too): one py4j
-    # call, where a copy of the SparkContext's conf is ~150 (a bench leg's py4j calls, issue 14).
-    if (spark.conf.get("spark.speculation", "false") or "").lower() == "true":
+    # The SparkContext's own setting, the one its scheduler reads: three py4j calls, where
+    # getConf(), a copy of the whole conf, is ~150 (a bench leg's py4j calls, issue 14).
+    if str(spark.sparkContext._jsc.sc().conf().get("spark.speculation", "false")
+           ).lower() == "true":
         raise ConfigError("spark.speculation=true runs a fetch task twice and both attempts "
                           "pull from the consumer: run the drain with "
                           "--conf spark.speculation=false")

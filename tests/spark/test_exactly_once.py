@@ -101,22 +101,6 @@ def test_a_round_whose_tasks_all_start_after_its_window_widens_the_next(spark, j
     assert_exactly_once(spark, js, names, table, good, bad)
 
 
-def test_speculation_is_refused(spark, names, nats_server, tmp_path):
-    from js_etl.errors import ConfigError
-    from js_etl.spark.drain import refuse_speculation
-
-    class Conf:
-        def get(self, key: str, default: str) -> str:
-            return "true" if key == "spark.speculation" else default
-
-    class Session:
-        conf = Conf()
-
-    refuse_speculation(spark)  # the test session runs without speculation
-    with pytest.raises(ConfigError, match="spark.speculation=false"):
-        refuse_speculation(Session())  # type: ignore[arg-type]
-
-
 # --- 3. a server-side max_deliver is refused before anything is fetched -----------------------
 def test_server_side_max_deliver_is_refused_before_fetching(spark, js, names, nats_server,
                                                             tmp_path):
