@@ -2,15 +2,15 @@
 
 PySpark starts one daemon process per executor (``python -m pyspark.daemon``), which forks a
 worker per concurrent task. Every fresh worker imported pyarrow's compute, JSON and Parquet
-modules and js-etl's fetch, decode and NATS client modules at its first task, on its own: about
-0.7 CPU-seconds a worker for those imports alone (one 100,000 x 4 KiB columnar fetch task outside
-Spark, three in one process: 4.3 CPU-s the first, 3.6 the next; 3.6 the first once they were
-imported beforehand; /work/scratch/s22/task_three.py, issue 14). A drain's workers are fresh in
-every new process and after a minute idle (PySpark's idle-worker timeout), so every run paid it
-once per partition. Imported here, in the daemon, forked workers share them: paid once per
-executor. Measured with py-spy over one 100,000 x 4 KiB drain in a new local[2] session
-(/work/scratch/s22/fresh_runs.py): 2.98 s of the workers' samples were imports, 0.22 s with this
-daemon, which took 1.2 s more for them itself — 1.6 CPU-s less a run on two partitions.
+modules, pandas (pyarrow's compute functions import it where it is installed) and js-etl's
+fetch, decode and NATS client modules at its first task, on its own (issue 14: one 100,000 x
+4 KiB columnar fetch task outside Spark cost 4.3 CPU-s the first time in a process, 3.6 the next
+times and the first time once they were imported; /work/scratch/s22/task_three.py). A drain's
+workers are fresh in every new process and after a minute idle (PySpark's idle-worker timeout),
+so every run paid it once per partition. Imported here, in the daemon, forked workers share
+them: paid once per executor. py-spy over one 100,000 x 4 KiB drain in a new local[2] session
+(/work/scratch/s22/fresh_runs.py): the two workers spent 2.98 s in imports, 0.22 s with this
+daemon, which spent 1.2 s more on them itself — 1.6 CPU-s less a run on two partitions.
 
 Set for local sessions only (``spark.python.daemon.module``, :func:`js_etl.spark.session.
 local_builder`; a ``spark.conf`` setting of it wins): under spark-submit the executors' Python
