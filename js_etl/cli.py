@@ -171,8 +171,9 @@ def failure_reason(error: BaseException) -> tuple[str, int]:
     if _WORKER_START_FAILED in text:
         quoted = text.split(_WORKER_START_FAILED, 1)[1].split("PYTHONPATH was:", 1)[0]
         last = ([line.strip() for line in quoted.splitlines() if line.strip()] or ["?"])[-1]
-        return (f"the executors' Python could not start a worker: {last} (spark.pyspark.python / "
-                "PYSPARK_PYTHON must be a Python with js-etl and its dependencies)")[:500], 1
+        return (f"the executors' Python could not start a worker: {last} (the workers' Python, "
+                "PYSPARK_PYTHON or spark-submit's spark.pyspark.python, must have js-etl and "
+                "its dependencies)")[:500], 1
     lines = text.strip().splitlines() or [""]
     if "Traceback (most recent call last)" in text:  # an executor's Python error: its last line
         return lines[-1].strip()[:500], 1

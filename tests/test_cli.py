@@ -99,20 +99,6 @@ def test_drain_command_reports_json_on_stdout_and_in_the_report_file(stream_with
     assert "stream seq 120" in status.stdout
 
 
-def test_speculation_is_refused_before_anything_is_fetched(stream_with_messages, nats_server,
-                                                            js, tmp_path):
-    """Two attempts of one fetch task would both pull from the consumer."""
-    names = stream_with_messages
-    result = run(JS_ETL, "drain", *drain_args(names, nats_server, tmp_path / "t"),
-                 "--set", "spark.conf.spark.speculation=true")
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert ("js-etl: ConfigError: spark.speculation=true runs a fetch task twice and both "
-            "attempts pull from the consumer: run the drain with --conf spark.speculation=false"
-            ) in result.stderr.splitlines(), result.stderr[-3000:]
-    with pytest.raises(ConsumerNotFoundError):  # refused before the run touched the server
-        js.consumer_info(names.stream, names.consumer)
-
-
 def test_workers_whose_python_lacks_js_etls_dependencies_fail_in_one_clear_line(
         stream_with_messages, nats_server, js, tmp_path):
     """A PYSPARK_PYTHON without pyarrow or js-etl: the executors' Python daemon
@@ -125,8 +111,8 @@ def test_workers_whose_python_lacks_js_etls_dependencies_fail_in_one_clear_line(
                  env={"PYSPARK_PYTHON": str(bare / "bin" / "python")})
     assert result.returncode == 1, result.stderr[-2000:]
     reason = ("js-etl: the executors' Python could not start a worker: ModuleNotFoundError: No "
-              "module named 'pyarrow' (spark.pyspark.python / PYSPARK_PYTHON must be a Python "
-              "with js-etl and its dependencies)")
+              "module named 'pyarrow' (the workers' Python, PYSPARK_PYTHON or spark-submit's "
+              "spark.pyspark.python, must have js-etl and its dependencies)")
     assert reason in result.stderr.splitlines(), result.stderr[-3000:]
     info = js.consumer_info(names.stream, names.consumer)
     assert (info.num_pending, info.num_ack_pending) == (120, 0)
@@ -145,6 +131,23 @@ def test_spark_submit_job_drains_with_delta_jars(stream_with_messages, nats_serv
                   str(REPO / "jobs" / "drain_to_delta.py"), *args)
     assert missing.returncode == 2
     assert "--jars" in (missing.stdout + missing.stderr)
+
+
+def test_speculation_is_refused_before_anything_is_fetched(stream_with_messages, nats_server,
+                                                            js, tmp_path):
+    """Two attempts of one fetch task would both pull from the consumer. Spark reads the
+    setting trimmed and in any case: " TRUE" turns speculation on (got past the check once)."""
+    names = stream_with_messages
+    result = run(str(BIN / "spark-submit"), "--master", "local[2]", "--jars",
+                 run(JS_ETL, "jars").stdout.strip(), "--conf", "spark.speculation= TRUE ",
+                 str(REPO / "jobs" / "drain_to_delta.py"),
+                 *drain_args(names, nats_server, tmp_path / "t"))
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert ("js-etl: ConfigError: spark.speculation=true runs a fetch task twice and both "
+            "attempts pull from the consumer: run the drain with --conf spark.speculation=false"
+            ) in (result.stdout + result.stderr).splitlines(), result.stderr[-3000:]
+    with pytest.raises(ConsumerNotFoundError):  # refused before the run touched the server
+        js.consumer_info(names.stream, names.consumer)
 
 
 def _fail_on_executor(error: Exception):

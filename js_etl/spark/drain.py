@@ -132,10 +132,11 @@ MAX_RELEASE = 1_000_000  # widest (ack floor, delivered] window the fence NAKs s
 
 
 def refuse_speculation(spark: SparkSession) -> None:
-    # The SparkContext's own setting, the one its scheduler reads: three py4j calls, where
-    # getConf(), a copy of the whole conf, is ~150 (a bench leg's py4j calls, issue 14).
+    # The SparkContext's own setting, the one its scheduler reads, as Spark reads a boolean
+    # (trimmed, any case: " TRUE" turns speculation on; a break-it review): three py4j calls,
+    # where getConf(), a copy of the whole conf, is ~150 (a bench leg's py4j calls, issue 14).
     if str(spark.sparkContext._jsc.sc().conf().get("spark.speculation", "false")
-           ).lower() == "true":
+           ).strip().lower() == "true":
         raise ConfigError("spark.speculation=true runs a fetch task twice and both attempts "
                           "pull from the consumer: run the drain with "
                           "--conf spark.speculation=false")
