@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import unquote
 
 from js_etl.errors import TerminalError, TransientError
-from js_etl.spark.session import hadoop_path, java_class, spark_jvm
+from js_etl.spark.session import hadoop_path, java_class
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -168,10 +168,9 @@ class DeltaTarget:
 
     def _snapshot(self, spark: SparkSession) -> Any:
         """Delta's own, freshly updated snapshot of the table (the one its writer uses)."""
-        jvm = spark_jvm(spark)
-        log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(
+        log = java_class(spark, "org.apache.spark.sql.delta.DeltaLog").forTable(
             spark._jsparkSession, self.location(spark))
-        none = jvm.scala.Option.empty()
+        none = java_class(spark, "scala.Option").empty()
         return log.update(False, none, none)
 
     def shape(self, spark: SparkSession) -> TableShape:

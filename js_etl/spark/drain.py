@@ -339,7 +339,8 @@ class Drain:
             # A catalog table exists by now (_lock_location): a path is the table's location.
             location = self.target.location(self.spark)
             rows, names = columnar.row_schema(self.config)
-            problem = self._columnar_table_problem(self.target, location, rows, names)
+            problem = self._columnar_table_problem(self.target, location, rows, names,
+                                                   exists=self.target.exists(self.spark))
         if problem is None:
             self.columnar = columnar.columnar_plan(location, self.config, self.run_id,
                                                    self._dead_letters_as_files())
@@ -352,12 +353,13 @@ class Drain:
             self.report.writer_note = problem
 
     def _columnar_table_problem(self, table: DeltaTarget, location: str, rows: StructType,
-                                names: list[str]) -> str | None:
+                                names: list[str], *, exists: bool) -> str | None:
         """Why the columnar writer cannot commit ``rows`` (partitioned by ``names``) into
-        ``table`` at ``location`` as files, or None; a missing table is created first."""
+        ``table`` at ``location`` as files, or None; a missing table (``exists`` False) is
+        created first."""
         problem = columnar.location_problem(location)
         if problem is None:
-            if not table.exists(self.spark):
+            if not exists:
                 self._create_for_columnar(table, location, rows, names)
             problem = columnar.table_problem(table.shape(self.spark), rows, names)
         return problem
@@ -393,11 +395,11 @@ class Drain:
         (Spark creates it at the first dead letter, as its writer does), or a table with other
         rules."""
         table, rows = self.dead_letters, columnar.dead_letter_schema()
-        if not table.exists(self.spark) and (
-                table.table or columnar.needs_spark_to_create(rows, self._session_conf)):
+        exists = table.exists(self.spark)
+        if not exists and (table.table or columnar.needs_spark_to_create(rows, self._session_conf)):
             return None
         location = table.location(self.spark)
-        if self._columnar_table_problem(table, location, rows, []):
+        if self._columnar_table_problem(table, location, rows, [], exists=exists):
             return None
         return columnar.local_directory(location)
 

@@ -43,7 +43,6 @@ def test_local_spark_starts_its_jvm_with_js_etls_options(writer, submit_opts, co
     assert "-Duser.timezone=UTC" in jvm["arguments"], jvm
 
 
-
 def test_local_workers_fork_from_a_daemon_that_imported_the_fetch_modules(spark):
     """Fresh Python workers (every new process; PySpark kills idle ones after a minute) start
     with pyarrow and js-etl's fetch modules imported: forked from js_etl.spark.worker_daemon,
