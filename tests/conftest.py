@@ -128,13 +128,27 @@ def names() -> Names:
     return Names(stream=f"S{n}", consumer=f"c{n}", subject=f"{prefix}.>", prefix=prefix)
 
 
+# Spark's per-task generated projections (UnsafeProjection, SafeProjection: Delta's snapshot and
+# log jobs build them for its wide action schema in every task) interpreted instead of generated:
+# the session's JVM spent 53 % of its CPU samples in code generation — 20 % in
+# CodeFormatter's comment-stripping regexes — which runs before Spark's code cache is consulted,
+# so again in every task (JFR over tests/spark/test_exactly_once.py, /work/scratch/s23/jfr).
+# That file alone: 181.8 CPU-s of the box with code generation, 149.1 and 149.5 without it
+# (/work/scratch/s23/kindcpu.py, one pytest process; the suite is CPU-bound). Only speed
+# changes: Spark evaluates the same expressions either way (its own suites run both modes), and
+# whole-stage code generation stays on. Every spark-submit and `js-etl drain` the tests start
+# (the CLI, Airflow, cluster, demo and JVM tests) keeps Spark's default.
+_SESSION_CONF = {"spark.sql.codegen.factoryMode": "NO_CODEGEN"}
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
     """The one local SparkSession for the whole test session: 2 cores, and a failed task is
-    retried once (local[2,2]), as a cluster would; UI off, UTC, Delta."""
+    retried once (local[2,2]), as a cluster would; UI off, UTC, Delta; per-task projections
+    interpreted (_SESSION_CONF)."""
     from js_etl.spark.session import local_session
 
-    session = local_session("local[2,2]", "js-etl-tests", log_level="ERROR")
+    session = local_session("local[2,2]", "js-etl-tests", log_level="ERROR", conf=_SESSION_CONF)
     try:
         yield session
     finally:
