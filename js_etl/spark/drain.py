@@ -673,9 +673,11 @@ class Drain:
                 rows = rows.filter(pc.is_in(rows.column("seq"), keys.column("seq")))
             self.report.messages_written += self._ack(js, lock, rows if rows is not None
                                                       else no_keys())
-            # No dead letter held the range before this round: all it holds now is ours.
+            # No dead letter held the range before this round: all it holds now is ours, and
+            # none when the round wrote none (the lock keeps other runs of the job out), so
+            # that read is skipped (a table's read: a py4j path lookup and a log replay).
             dead = range_keys(self.spark, self.dead_letters, stream, first, last,
-                              with_error=True)
+                              with_error=True) if stats.dead else None
             self.report.dead_letters += self._ack(js, lock, dead if dead is not None
                                                   else no_keys(with_error=True), dead=True)
         self._count_round(stats)
