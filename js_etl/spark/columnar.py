@@ -360,12 +360,12 @@ _REFUSED_IN_NAMES = frozenset(" ,;{}()\n\t=")
 _TABLE_DEFAULTS = "spark.databricks.delta.properties.defaults."
 
 
-def needs_spark_to_create(rows: StructType, session_conf: Mapping[str, str]) -> bool:
+def needs_spark_to_create(rows: StructType, setting_names: Iterable[str]) -> bool:
     """Whether the missing table must be created by Spark, not :func:`create_table`: the session
     sets defaults for new Delta tables, which only Spark's creation applies (the table may
     then need the Spark writer), or a column name holds a character Spark's create refuses
     (so that the run fails with Delta's own error, as with the Spark writer)."""
-    return (any(key.startswith(_TABLE_DEFAULTS) for key in session_conf)
+    return (any(name.startswith(_TABLE_DEFAULTS) for name in setting_names)
             or any(_REFUSED_IN_NAMES.intersection(name) for name in rows.fieldNames()))
 
 
