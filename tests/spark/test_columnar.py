@@ -701,6 +701,53 @@ def test_deltalake_checkpoints_are_read_by_spark(spark, js, names, nats_server, 
     assert sorted(r.seq for r in target.read(spark).select("seq").collect()) == good
 
 
+def test_a_table_without_a_checkpoint_interval_is_checkpointed_every_10_versions_as_spark_would(
+        spark, js, names, nats_server, tmp_path):
+    """deltalake alone would checkpoint such a table every 100 versions; Spark's writer does
+    every 10, and every reader replays the commits since the last one. Spark's snapshot, the
+    job's round and the fence's range read through the checkpoint js-etl wrote."""
+    messages, good, _ = events(names, 600)
+    setup_stream(js, names, messages, max_ack_pending=100)
+    table = tmp_path / "table"
+    job_config = config_for(names, nats_server.url, table, "fetch.partitions=1",
+                            "fetch.partition_max_messages=50")
+
+    report = run_drain(spark, job_config)
+
+    assert (report.writer, report.rounds) == ("columnar", 12)
+    log_dir = table / "_delta_log"
+    assert sorted(p.name for p in log_dir.glob("*.checkpoint.parquet")) == [
+        "00000000000000000010.checkpoint.parquet"]
+    assert json.loads((log_dir / "_last_checkpoint").read_text())["version"] == 10
+    target = DeltaTarget(str(table))
+    assert target.job_round(spark, job_config.job_id) == (12, 12)
+    assert target.last_round_seqs(spark, job_config.job_id) == (551, 600)
+    assert_exactly_once(spark, js, names, table, good, [])
+
+
+def test_a_failed_checkpoint_is_logged_and_the_round_still_acked(spark, js, names, nats_server,
+                                                                  tmp_path, monkeypatch, caplog):
+    """A checkpoint only shortens reading the log: one that fails leaves the committed round
+    whole, and its acks go out."""
+    from deltalake import DeltaTable
+
+    def create_checkpoint(self: Any) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(DeltaTable, "create_checkpoint", create_checkpoint)
+    messages, good, _ = events(names, 300)
+    setup_stream(js, names, messages, max_ack_pending=100)
+    table = tmp_path / "table"
+
+    report = run_drain(spark, config_for(names, nats_server.url, table, "fetch.partitions=1",
+                                         "fetch.partition_max_messages=25"))
+
+    assert (report.writer, report.rounds) == ("columnar", 12)
+    assert not list((table / "_delta_log").glob("*.checkpoint.parquet"))
+    assert "could not checkpoint" in caplog.text and "disk full" in caplog.text
+    assert_exactly_once(spark, js, names, table, good, [])
+
+
 @pytest.mark.parametrize("writer", ["auto", "spark"])
 def test_a_new_catalog_table_is_drained_by_its_first_run(writer, spark, js, names, nats_server,
                                                          tmp_path):
