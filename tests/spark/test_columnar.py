@@ -435,7 +435,6 @@ def test_a_round_without_dead_letters_does_not_read_their_table_after_its_commit
     good += list(range(201, 401))
     setup_stream(js, names, messages, max_ack_pending=200)
     table = tmp_path / "table"
-    job_config = config_for(names, nats_server.url, table, "run.max_messages=200")
     reads: list[tuple[int, int]] = []
     original = drain.range_keys
 
@@ -446,13 +445,11 @@ def test_a_round_without_dead_letters_does_not_read_their_table_after_its_commit
         return original(spark, target, stream, first, last, with_error=with_error)
 
     monkeypatch.setattr(drain, "range_keys", range_keys_spy)
-    first = run_drain(spark, job_config)
-    assert first.dead_letters == len(bad) and (1, 200) in reads, (first.dead_letters, reads)
-    second = run_drain(spark, replace(job_config, run=replace(job_config.run, max_messages=None)))
+    report = run_drain(spark, config_for(names, nats_server.url, table, "fetch.partitions=1",
+                                         "fetch.partition_max_messages=200"))
 
-    assert (first.writer, second.writer) == ("columnar", "columnar")
-    assert second.rounds == 1 and second.dead_letters == 0
-    assert [r for r in reads if r[0] > 200] == [], reads  # the fence rereads round 1's only
+    assert (report.writer, report.rounds, report.dead_letters) == ("columnar", 2, len(bad))
+    assert reads == [(1, 200)]  # round 1's dead letters; round 2 (201..400) wrote none
     assert_exactly_once(spark, js, names, table, good, bad)
 
 
@@ -702,49 +699,44 @@ def test_deltalake_checkpoints_are_read_by_spark(spark, js, names, nats_server, 
 
 
 def test_a_table_without_a_checkpoint_interval_is_checkpointed_every_10_versions_as_spark_would(
-        spark, js, names, nats_server, tmp_path):
+        spark, js, names, nats_server, tmp_path, monkeypatch, caplog):
     """deltalake alone would checkpoint such a table every 100 versions; Spark's writer does
     every 10, and every reader replays the commits since the last one. Spark's snapshot, the
-    job's round and the fence's range read through the checkpoint js-etl wrote."""
-    messages, good, _ = events(names, 600)
+    job's round and the fence's range read through the checkpoint js-etl wrote. A checkpoint
+    only shortens reading the log: one that fails leaves the committed round whole, and its
+    acks go out."""
+    from deltalake import DeltaTable
+
+    messages, good, _ = events(names, 1000)
     setup_stream(js, names, messages, max_ack_pending=100)
     table = tmp_path / "table"
-    job_config = config_for(names, nats_server.url, table, "fetch.partitions=1",
-                            "fetch.partition_max_messages=50")
 
-    report = run_drain(spark, job_config)
+    def job_config(*extra: str) -> Any:
+        return config_for(names, nats_server.url, table, "fetch.partitions=1",
+                          "fetch.partition_max_messages=50", *extra)
+
+    report = run_drain(spark, job_config("run.max_messages=600"))
 
     assert (report.writer, report.rounds) == ("columnar", 12)
     log_dir = table / "_delta_log"
-    assert sorted(p.name for p in log_dir.glob("*.checkpoint.parquet")) == [
-        "00000000000000000010.checkpoint.parquet"]
+    checkpoint = "00000000000000000010.checkpoint.parquet"
+    assert sorted(p.name for p in log_dir.glob("*.checkpoint.parquet")) == [checkpoint]
     assert json.loads((log_dir / "_last_checkpoint").read_text())["version"] == 10
     target = DeltaTarget(str(table))
-    assert target.job_round(spark, job_config.job_id) == (12, 12)
-    assert target.last_round_seqs(spark, job_config.job_id) == (551, 600)
-    assert_exactly_once(spark, js, names, table, good, [])
-
-
-def test_a_failed_checkpoint_is_logged_and_the_round_still_acked(spark, js, names, nats_server,
-                                                                  tmp_path, monkeypatch, caplog):
-    """A checkpoint only shortens reading the log: one that fails leaves the committed round
-    whole, and its acks go out."""
-    from deltalake import DeltaTable
+    job_id = job_config().job_id
+    assert target.job_round(spark, job_id) == (12, 12)
+    assert target.last_round_seqs(spark, job_id) == (551, 600)
 
     def create_checkpoint(self: Any) -> None:
         raise OSError("disk full")
 
     monkeypatch.setattr(DeltaTable, "create_checkpoint", create_checkpoint)
-    messages, good, _ = events(names, 300)
-    setup_stream(js, names, messages, max_ack_pending=100)
-    table = tmp_path / "table"
+    report = run_drain(spark, job_config())
 
-    report = run_drain(spark, config_for(names, nats_server.url, table, "fetch.partitions=1",
-                                         "fetch.partition_max_messages=25"))
-
-    assert (report.writer, report.rounds) == ("columnar", 12)
-    assert not list((table / "_delta_log").glob("*.checkpoint.parquet"))
+    assert report.rounds == 8  # versions 13..20: the one at 20 is not checkpointed
+    assert sorted(p.name for p in log_dir.glob("*.checkpoint.parquet")) == [checkpoint]
     assert "could not checkpoint" in caplog.text and "disk full" in caplog.text
+    assert target.job_round(spark, job_id) == (20, 20)
     assert_exactly_once(spark, js, names, table, good, [])
 
 
