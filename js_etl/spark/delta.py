@@ -297,8 +297,10 @@ class DeltaTarget:
             raise TransientError(
                 f"the commit of round {tag.round} of {tag.job} into {self} failed "
                 f"({type(failure).__name__}: {failure}); nothing of this round is acked")
-        _checkpoint_as_spark_would(table, self)
-        return self._version_of(spark, tag, before + 1, after)
+        version = self._version_of(spark, tag, before + 1, after)
+        if version == after:  # else a later writer's commit is the table's last: theirs to judge
+            _checkpoint_as_spark_would(table, self)
+        return version
 
     def _version_of(self, spark: SparkSession, tag: CommitTag, first: int, last: int) -> int:
         """The version in ``first..last`` whose commit carries ``tag`` (other writers may have
@@ -349,10 +351,10 @@ SPARK_CHECKPOINT_INTERVAL = 10
 
 
 def _checkpoint_as_spark_would(table: Any, target: DeltaTarget) -> None:
-    """Checkpoint ``table`` (deltalake's, just committed to) at its version where Spark's
-    writer would have. A failed checkpoint leaves the table whole (the log is the table; a
-    checkpoint only shortens reading it): it is logged, as Spark logs it, and the round goes
-    on to its acks."""
+    """Checkpoint ``table`` (deltalake's, at the version this run's commit made) where Spark's
+    writer would have checkpointed its own commit. A failed checkpoint leaves the table whole
+    (the log is the table; a checkpoint only shortens reading it): it is logged, as Spark logs
+    it, and the round goes on to its acks."""
     version = table.version()
     if (not version or version % SPARK_CHECKPOINT_INTERVAL
             or "delta.checkpointInterval" in table.metadata().configuration):
