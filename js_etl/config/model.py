@@ -190,6 +190,11 @@ class SourceConfig(_Section):
     )
     min_pending: int | None = setting(None, count())
     min_ack_pending: int | None = setting(None, count())
+    # The key-value bucket holding each consumer's run lease (js_etl.durable.lease).
+    lease_bucket: str = setting(
+        "js-etl-leases",
+        pattern(r"[A-Za-z0-9_-]{1,64}", "a key-value bucket name matching ^[A-Za-z0-9_-]{1,64}$"),
+    )
 
     def _check(self) -> None:
         for name in ("min_pending", "min_ack_pending"):

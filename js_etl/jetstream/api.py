@@ -78,13 +78,17 @@ class StreamInfo:
     state: StreamState
     created: datetime | None = None
     storage: str | None = None
+    num_replicas: int = 1
+    max_age: float = 0.0  # seconds; 0: messages never age out
 
     @classmethod
     def from_response(cls, d: dict[str, Any]) -> Self:
         cfg = d.get("config", {})
         return cls(name=cfg.get("name", ""), subjects=tuple(cfg.get("subjects") or ()),
                    state=StreamState.from_response(d.get("state", {})),
-                   created=parse_time(d.get("created")), storage=cfg.get("storage"))
+                   created=parse_time(d.get("created")), storage=cfg.get("storage"),
+                   num_replicas=cfg.get("num_replicas") or 1,
+                   max_age=(cfg.get("max_age") or 0) / 1e9)
 
 
 @dataclass(frozen=True, slots=True)

@@ -387,6 +387,26 @@ class JetStreamConnection:
         return data
 
 
+    async def publish(self, subject: str, payload: bytes, headers: dict[str, str],
+                      timeout: float = 5.0) -> dict[str, Any]:
+        """Publish into a stream and return its PubAck, raising typed errors (e.g. a
+        ``Nats-Expected-Last-Subject-Sequence`` header that does not hold)."""
+        try:
+            msg = await self.nc.request(subject, payload, timeout=timeout, headers=headers)
+        except nats.errors.NoRespondersError as e:
+            raise NatsUnavailableError(f"no stream captures {subject}") from e
+        except nats.errors.TimeoutError as e:
+            raise NatsUnavailableError(f"JetStream did not acknowledge {subject} in "
+                                       f"{timeout}s") from e
+        except nats.errors.ConnectionClosedError as e:
+            raise NatsUnavailableError(f"connection closed during a publish to {subject}"
+                                       ) from e
+        data = json.loads(msg.data) if msg.data else {}
+        if "error" in data:
+            raise api_error(data["error"])
+        return data
+
+
 async def _ignore_error(error: BaseException) -> None:
     """nats-py's error callback after the connect (see :meth:`JetStreamConnection.open`)."""
 

@@ -70,6 +70,10 @@ class ConsumerConfigError(JetStreamError, TerminalError):
     """An existing consumer cannot serve a drain; the message says what to change."""
 
 
+class WrongLastSequenceError(JetStreamError, TerminalError):
+    """A publish expected another last sequence for its subject: someone else wrote first."""
+
+
 class ClusterUnavailableError(JetStreamError, TransientError):
     """Leadership change, no quorum, request timed out on the server side."""
 
@@ -101,6 +105,7 @@ _BY_ERR_CODE: dict[int, type[JetStreamError]] = {
     10159: BadRequestError,           # priority policy without groups
     10160: PriorityGroupError,        # group does not exist for this consumer
     10196: BadRequestError,           # groups with policy none
+    10071: WrongLastSequenceError,    # wrong last sequence (an expected-sequence publish)
     10008: ClusterUnavailableError,   # cluster not available
     10077: ClusterUnavailableError,   # consumer/stream leadership changing
 }

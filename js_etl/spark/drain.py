@@ -1,4 +1,4 @@
-"""The bounded drain: lock ▸ fence ▸ plan ▸ [fetch ▸ write+commit ▸ ack]* ▸ release ▸ report.
+"""The bounded drain: lease ▸ lock ▸ fence ▸ plan ▸ [fetch ▸ commit ▸ ack]* ▸ release ▸ report.
 
 The hazard that shapes this module: a Spark RDD is recomputed whenever its blocks are missing,
 and fetching from a durable consumer is a side effect — a recomputed partition fetches
@@ -40,10 +40,11 @@ Exactly-once rests on these mechanisms, each holding whatever the timing:
   snapshots, files skipped by their ``seq`` statistics); what a table already holds (its ack
   was lost: a server killed before it stored the ack, a dead run) is acked, not written again.
 * **Round numbers from Delta's application transaction**, checked after every append.
-* **The lock** (:mod:`js_etl.spark.lock`): one run per consumer; its ownership is checked before
-  every commit and every ack block.
+* **The lease and the lock**: one run per consumer, whatever its table (a lease in NATS,
+  :mod:`js_etl.durable.lease`), and per consumer and table (:mod:`js_etl.spark.lock`); both are
+  checked before the fence's acks and NAKs, every commit and every ack block.
 
-Failure handling (the fence, the PIP-84 "epoch" idea applied to runs): holding the lock, a run
+Failure handling (the fence, the PIP-84 "epoch" idea applied to runs): holding the lease, a run
 first acks every row the tables hold in the consumer's unacked window (ack floor, last
 delivered] (a run died between its commit and its acks), then NAKs whatever else is still
 delivered-but-unacked (a dead run's or a failed task's deliveries), so those come back now
@@ -68,13 +69,14 @@ import re
 import threading
 import time
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import cached_property, partial
 from typing import TYPE_CHECKING
 
 from js_etl import faults
 from js_etl.config import JobConfig
+from js_etl.durable.lease import ConsumerLease
 from js_etl.durable.pin import GroupPin
 from js_etl.durable.policy import (
     DEFAULT_ACK_WAIT,
@@ -90,6 +92,7 @@ from js_etl.jetstream import (
     JetStreamSession,
     PriorityGroupRequest,
     PriorityPolicy,
+    StreamInfo,
     ack_prefix,
     ack_subject,
 )
@@ -142,6 +145,18 @@ def refuse_speculation(spark: SparkSession) -> None:
                           "--conf spark.speculation=false")
 
 
+@dataclass(frozen=True, slots=True)
+class _Holds:
+    """What a run holds, each checked before the fence's releases, every commit and ack block."""
+
+    lease: ConsumerLease
+    lock: TableLock
+
+    def check(self) -> None:
+        self.lease.check()
+        self.lock.check()
+
+
 class Drain:
     """One run of a drain. Use :func:`run_drain`."""
 
@@ -186,21 +201,27 @@ class Drain:
         with self.report.phase("connect"):
             js = JetStreamSession(self.options)
         with js:
-            with self.report.phase("plan"):
-                info = self._plan(js)
-            lock = TableLock(self.spark, self._lock_location(), self.source.consumer,
-                             self.run_id)
-            with lock:
-                try:
-                    self._run(js, lock, info, started)
-                finally:
-                    self.pin.release(js)
+            # The consumer first, before its settings are read or changed: a second run on it
+            # is refused here, whatever table it writes.
+            stream = js.stream_info(self.source.stream)
+            lease = ConsumerLease(self.options, self.source.stream, self.source.consumer,
+                                  self.run_id, target=str(self.target),
+                                  bucket=self.source.lease_bucket, replicas=stream.num_replicas)
+            with lease:
+                with self.report.phase("plan"):
+                    info = self._plan(js, stream)
+                lock = TableLock(self.spark, self._lock_location(), self.source.consumer,
+                                 self.run_id)
+                with lock:
+                    try:
+                        self._run(js, _Holds(lease, lock), info, started)
+                    finally:
+                        self.pin.release(js)
         self.report.seconds = round(time.monotonic() - started, 3)
         self.progress.finished(self.report)
         return self.report
 
-    def _plan(self, js: JetStreamSession) -> ConsumerInfo:
-        stream = js.stream_info(self.source.stream)
+    def _plan(self, js: JetStreamSession, stream: StreamInfo) -> ConsumerInfo:
         info = js.run(ensure_drain_consumer(
             js.admin, self.source.stream, desired_consumer(self.config),
             create=self.source.create_consumer, min_ack_wait=min_ack_wait(self.config)))
@@ -230,11 +251,11 @@ class Drain:
         return with_partition_columns(self.decoder.rows(empty),
                                       list(self.config.target.partition_by))
 
-    def _run(self, js: JetStreamSession, lock: TableLock, info: ConsumerInfo,
+    def _run(self, js: JetStreamSession, holds: _Holds, info: ConsumerInfo,
              started: float) -> None:
         report, run = self.report, self.config.run
         with self.report.phase("fence"):
-            self._fence(js, info, lock)
+            self._fence(js, info, holds)
         next_round = 0  # read from the tables before the first round: an empty run needs none
         retook_pin = False
         empty_rounds = 0
@@ -268,11 +289,11 @@ class Drain:
                 # their ack-pending slots until ack_wait, and every round shrinks to the slots
                 # left: seen, after such a restart, 190 rounds of 2 messages for 370 messages
                 # (max_ack_pending 120, ack_wait 300 s; tests/spark/test_faults.py). Released
-                # now, sound under the lock as the fence's release is; a committed one comes
+                # now, sound under the lease as the fence's release is; a committed one comes
                 # back and is found in the table and acked, never written twice. (On an
                 # overflow group's consumer other clients' deliveries are theirs: released only
                 # after a round that fetched nothing, as before.)
-                report.released_at_end += self._nak_unacked(js, lock, info, exclude=set())
+                report.released_at_end += self._nak_unacked(js, holds, info, exclude=set())
                 info = js.consumer_info(self.source.stream, self.source.consumer)
             if not next_round:
                 next_round = self._first_round()
@@ -297,7 +318,7 @@ class Drain:
             faults.kill_here("kill_after_fetch")
             faults.hold_here("hold_after_fetch")
             try:
-                done = self._commit_and_ack(js, lock, fetched, next_round)
+                done = self._commit_and_ack(js, holds, fetched, next_round)
             finally:
                 self._release_blocks(blocks)
             if self.pin.pinned and self.pin.changed(js, done) and not retook_pin:
@@ -310,13 +331,13 @@ class Drain:
             empty_rounds = 0
             self._window = 1
             next_round += 1
-            lock.record(pin_id=self.pin.pin_id)
+            holds.lease.record(pin_id=self.pin.pin_id)
             self.progress.round_done(report)
         with self.report.phase("release"):
             # Everything this run committed is acked (confirmed); whatever else it holds (a
             # failed task attempt's deliveries) goes back now rather than after ack_wait.
             info = js.consumer_info(self.source.stream, self.source.consumer)
-            report.released_at_end += self._nak_unacked(js, lock, info, exclude=set())
+            report.released_at_end += self._nak_unacked(js, holds, info, exclude=set())
             info = js.consumer_info(self.source.stream, self.source.consumer)
         report.pending_after = info.num_pending
         report.ack_pending_after = info.num_ack_pending
@@ -407,7 +428,7 @@ class Drain:
         return columnar.local_directory(location)
 
     # --- fence ------------------------------------------------------------------------------
-    def _fence(self, js: JetStreamSession, info: ConsumerInfo, lock: TableLock) -> None:
+    def _fence(self, js: JetStreamSession, info: ConsumerInfo, holds: _Holds) -> None:
         """Finish what earlier runs left (see module docstring).
 
         Its cost follows what a dead run can have left, not the consumer's history. Every round
@@ -424,7 +445,8 @@ class Drain:
         redelivered, found in the table by the round's "never write a seq twice" check and acked
         there.
         """
-        self.pin.take_over(js, info, lock.previous.pin_id if lock.previous else None)
+        previous = holds.lease.previous
+        self.pin.take_over(js, info, previous.pin_id if previous else None)
         if info.num_ack_pending == 0:
             return  # nothing delivered and unacked: nothing to finish, no Spark job
         floor, delivered = info.ack_floor.stream_seq, info.delivered.stream_seq
@@ -440,19 +462,19 @@ class Drain:
             keys = range_keys(self.spark, table, self.source.stream, first, last,
                               with_error=dead)
             if keys is not None:
-                reacked += self._ack(js, lock, keys, dead=dead)
+                reacked += self._ack(js, holds, keys, dead=dead)
         # Rows above the floor may have been acked already; at most num_ack_pending were not.
         self.report.reacked_at_start = min(reacked, info.num_ack_pending)
         if reacked:
             # Those acks are confirmed applied: what is still pending, and the floor, are now
             # the server's to say. A NAK of an acked message is ignored (module docstring).
             info = js.consumer_info(self.source.stream, self.source.consumer)
-        self.report.released_at_start = self._nak_unacked(js, lock, info, exclude=set())
+        self.report.released_at_start = self._nak_unacked(js, holds, info, exclude=set())
 
-    def _nak_unacked(self, js: JetStreamSession, lock: TableLock, info: ConsumerInfo, *,
+    def _nak_unacked(self, js: JetStreamSession, holds: _Holds, info: ConsumerInfo, *,
                      exclude: set[int]) -> int:
         """NAK every delivered-but-unacked message except ``exclude`` (only sound while this run
-        holds the lock: no live run owns those deliveries). Returns how many were unacked."""
+        holds the lease: no live run owns those deliveries). Returns how many were unacked."""
         floor, delivered = info.ack_floor.stream_seq, info.delivered.stream_seq
         if info.num_ack_pending == 0 or delivered <= floor:
             return 0
@@ -464,7 +486,7 @@ class Drain:
         dseq = info.delivered.consumer_seq  # inside the server's NAK window (module docstring)
         subjects = (ack_subject(self.ack_prefix, 1, seq, dseq)
                     for seq in range(floor + 1, delivered + 1) if seq not in exclude)
-        lock.check()
+        holds.check()
         js.run(js.acker.send(AckBlock.of(subjects, nak_body())))
         # What the server counted as delivered-but-unacked, less what we just acked ourselves.
         self._released = max(info.num_ack_pending - len(exclude), 0)
@@ -535,20 +557,20 @@ class Drain:
                               F.col(PAYLOAD_BYTES).alias("bytes")).toArrow()
         return RoundStats.of(keys), keys.column("seq")
 
-    def _commit_and_ack(self, js: JetStreamSession, lock: TableLock,
+    def _commit_and_ack(self, js: JetStreamSession, holds: _Holds,
                         fetched: DataFrame | RoundOutput, round_no: int) -> bool:
         """Write the round, then ack what the tables hold for its sequences. Returns False when
         the round fetched nothing."""
         if not isinstance(fetched, RoundOutput):
-            return self._commit_spark(js, lock, fetched, [], round_no)
+            return self._commit_spark(js, holds, fetched, [], round_no)
         self._dead_letters_committed = False
         try:
             if not fetched.keys.num_rows:
                 return False
-            if self._commit_columnar(js, lock, fetched, round_no):
+            if self._commit_columnar(js, holds, fetched, round_no):
                 return True
             # A seq twice, or one a table holds: Spark's path, which has the rules for both.
-            return self._commit_spark(js, lock, self._as_spark_round(fetched),
+            return self._commit_spark(js, holds, self._as_spark_round(fetched),
                                       list(fetched.files), round_no)
         finally:
             # Copied into the dead-letter table by Spark's append by now; or the round failed,
@@ -557,7 +579,7 @@ class Drain:
                 assert self.columnar is not None
                 self._remove(fetched.dead_letters, self.columnar.dead_letter_files)
 
-    def _commit_spark(self, js: JetStreamSession, lock: TableLock, fetched: DataFrame,
+    def _commit_spark(self, js: JetStreamSession, holds: _Holds, fetched: DataFrame,
                       files: list[WrittenFile], round_no: int) -> bool:
         """The round through Spark: its rows from the checkpoint, or — a columnar round the
         columnar commit could not take — read back from the files its tasks wrote."""
@@ -593,7 +615,7 @@ class Drain:
                 tag = CommitTag(self.config.job_id, self.run_id, round_no, self.ack_prefix,
                                 first, last)
                 if written.dead:
-                    lock.check()
+                    holds.check()
                     report.dead_letter_versions.append(self.dead_letters.append(
                         self.spark, self.decoder.dead_letters(fetched), tag, partition_by=[],
                         merge_schema=False))
@@ -602,7 +624,7 @@ class Drain:
                         self._good_rows(fetched, files), list(self.config.target.partition_by))
                     if self.fault == "fail_write_task":
                         rows = rows.mapInArrow(faults.failing_write_stage, rows.schema)
-                    lock.check()
+                    holds.check()
                     report.delta_versions.append(self.target.append(
                         self.spark, rows, tag, partition_by=partition_names,
                         merge_schema=self.config.decode.merge_schema))
@@ -617,7 +639,7 @@ class Drain:
                     keys = keys_of(range_keys(self.spark, table, self.source.stream, first, last,
                                               with_error=is_dead), seqs, with_error=is_dead)
                     # What this round wrote; what a table held already was only acked.
-                    new_rows = self._ack(js, lock, keys, dead=is_dead) - len(held[is_dead])
+                    new_rows = self._ack(js, holds, keys, dead=is_dead) - len(held[is_dead])
                     if is_dead:
                         report.dead_letters += new_rows
                     else:
@@ -635,7 +657,7 @@ class Drain:
         report.last_seq = max(x for x in (report.last_seq, stats.last) if x is not None)
 
     # --- the columnar round (js_etl.spark.columnar) ------------------------------------------
-    def _commit_columnar(self, js: JetStreamSession, lock: TableLock, fetched: RoundOutput,
+    def _commit_columnar(self, js: JetStreamSession, holds: _Holds, fetched: RoundOutput,
                          round_no: int) -> bool:
         """Commit the files as they are and ack, when the round holds each seq once and neither
         table holds any of them; else False, with nothing written. The same steps and checks
@@ -662,10 +684,10 @@ class Drain:
                             last)
             self._check_files(fetched, stats)  # before anything is committed
             if stats.dead:
-                lock.check()
+                holds.check()
                 self.report.dead_letter_versions.append(self._append_dead_letters(fetched, tag))
             if stats.n > stats.dead:
-                lock.check()
+                holds.check()
                 self.report.delta_versions.append(
                     self.target.commit_files(self.spark, directory, list(fetched.files), tag))
         faults.kill_here("kill_after_commit")
@@ -674,14 +696,14 @@ class Drain:
             rows = columnar.table_keys(directory, stream, first, last)
             if rows is not None and held is not None:  # others' rows in the range: not ours
                 rows = rows.filter(pc.is_in(rows.column("seq"), keys.column("seq")))
-            self.report.messages_written += self._ack(js, lock, rows if rows is not None
+            self.report.messages_written += self._ack(js, holds, rows if rows is not None
                                                       else no_keys())
             # No dead letter held the range before this round: all it holds now is ours, and
-            # none when the round wrote none (the lock keeps other runs of the job out), so
+            # none when the round wrote none (the lease keeps other runs of the job out), so
             # that read is skipped (a table's read: a py4j path lookup and a log replay).
             dead = range_keys(self.spark, self.dead_letters, stream, first, last,
                               with_error=True) if stats.dead else None
-            self.report.dead_letters += self._ack(js, lock, dead if dead is not None
+            self.report.dead_letters += self._ack(js, holds, dead if dead is not None
                                                   else no_keys(with_error=True), dead=True)
         self._count_round(stats)
         return True
@@ -784,16 +806,16 @@ class Drain:
         return self._checkpoint(fetched.withColumn("_js_etl_n", F.row_number().over(latest))
                                 .where(F.col("_js_etl_n") == 1).drop("_js_etl_n"))
 
-    def _ack(self, js: JetStreamSession, lock: TableLock, keys: pa.Table, *,
+    def _ack(self, js: JetStreamSession, holds: _Holds, keys: pa.Table, *,
              dead: bool = False) -> int:
         """+ACK committed table rows; +TERM dead letters with their reason. Each block is
-        confirmed applied, and sent only while this run still owns the lock."""
+        confirmed applied, and sent only while this run still holds the lease and the lock."""
         import pyarrow.compute as pc
 
         def send(rows: pa.Table, body: bytes) -> None:
             delivered, seq, consumer_seq = (rows.column(c).combine_chunks()
                                             for c in ("num_delivered", "seq", "consumer_seq"))
-            lock.check()
+            holds.check()
             js.run(js.acker.send(ack_block(self.ack_prefix, delivered, seq, consumer_seq, body)))
 
         if not dead:

@@ -1,9 +1,9 @@
 """One run at a time per consumer and table: a lock file kept with the Delta table.
 
-Two runs on one durable consumer would split its messages between them, and a run's fence
-releases (NAKs) deliveries it believes a dead run left — deadly if that run is alive. So a run
-takes ``<table>/_js_etl/<consumer>.lock`` before its fence and holds it to the end. Delta ignores
-``_``-prefixed folders, so the lock lives beside the data it protects.
+The consumer itself is held in NATS (:mod:`js_etl.durable.lease`), whatever the table; this lock
+keeps out a second writer of the same consumer name into one table from elsewhere (another NATS
+account or server). A run takes ``<table>/_js_etl/<consumer>.lock`` before its fence and holds it
+to the end. Delta ignores ``_``-prefixed folders, so the lock lives beside the data it protects.
 
 Creation is atomic: ``O_CREAT|O_EXCL`` on local paths; Hadoop ``create(overwrite=false)``
 elsewhere (atomic on HDFS and ABFS; on S3 only with conditional writes enabled — see README).
@@ -12,12 +12,7 @@ When is a lock stale, so that a new run may take it over?
 
 * Its heartbeat is older than ``ttl``. A background thread rewrites the heartbeat every
   ``ttl / 10`` seconds for the whole run, so a long round never looks dead.
-* Or, at once, when the owner certainly died: the lock was taken on this very machine, boot and
-  PID namespace (``/proc/sys/kernel/random/boot_id``, ``/proc/self/ns/pid``) and the owner's pid
-  no longer runs the process that took it (its start time, ``/proc/<pid>/stat`` field 22,
-  differs: a reused pid is not the owner). Two containers share a hostname but not a PID
-  namespace; a rebooted host keeps its hostname but not its boot id: in those cases only the
-  heartbeat can tell.
+* Or, at once, when the owner certainly died (:mod:`js_etl.durable.owner`).
 
 A run that lost its lock (its heartbeat stalled past ``ttl`` — a suspended VM, a stopped
 process — and another run took over) must not commit or ack: :meth:`TableLock.check` runs before
@@ -26,17 +21,16 @@ every commit and every ack block and raises :class:`RunRefusedError` then.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import socket
 import threading
 import time
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
+from js_etl.durable.owner import LockOwner
 from js_etl.errors import RunRefusedError, TerminalError
 from js_etl.spark.session import hadoop_path, java_class
 
@@ -48,90 +42,6 @@ log = logging.getLogger("js_etl.lock")
 LOCK_TTL = 60.0  # seconds without a heartbeat after which a lock is stale
 
 
-def _read_text(path: str) -> str | None:
-    try:
-        return Path(path).read_text().strip()
-    except OSError:
-        return None
-
-
-def _process_start(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot (``/proc/<pid>/stat`` field 22)."""
-    stat = _read_text(f"/proc/{pid}/stat")
-    if stat is None:
-        return None
-    # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
-    return int(stat.rsplit(")", 1)[1].split()[19])
-
-
-def _pid_namespace() -> str | None:
-    try:
-        return os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return None
-
-
-@dataclass(frozen=True, slots=True)
-class ProcessId:
-    """A process as this machine knows it: enough to tell, on the same boot and PID namespace,
-    that a lock's owner has died (module docstring)."""
-
-    host: str
-    pid: int
-    boot_id: str | None = None
-    pid_namespace: str | None = None
-    pid_start: int | None = None  # the process's start time (clock ticks since boot)
-
-    @classmethod
-    def me(cls) -> ProcessId:
-        pid = os.getpid()
-        return cls(socket.gethostname(), pid, _read_text("/proc/sys/kernel/random/boot_id"),
-                   _pid_namespace(), _process_start(pid))
-
-    def alive_here(self) -> bool | None:
-        """True/False when this process ran in this machine's boot and PID namespace; None
-        when we cannot tell (another host or container, or a platform without /proc)."""
-        here = ProcessId.me()
-        if None in (self.boot_id, self.pid_namespace, self.pid_start) or (
-                (self.host, self.boot_id, self.pid_namespace)
-                != (here.host, here.boot_id, here.pid_namespace)):
-            return None
-        return _process_start(self.pid) == self.pid_start
-
-
-@dataclass(frozen=True, slots=True)
-class LockOwner:
-    """The lock file's record. Stored as one flat JSON object (the process's fields beside the
-    run's), as every js-etl version has written it."""
-
-    run_id: str
-    process: ProcessId
-    started: float
-    heartbeat: float
-    pin_id: str | None = None  # the priority-group pin this run holds, for a successor to UNPIN
-
-    @classmethod
-    def me(cls, run_id: str) -> LockOwner:
-        now = time.time()
-        return cls(run_id, ProcessId.me(), now, now)
-
-    def to_json(self) -> bytes:
-        record = asdict(self)
-        record.update(record.pop("process"))
-        return json.dumps(record, sort_keys=True).encode()
-
-    @classmethod
-    def from_json(cls, data: bytes | None) -> LockOwner | None:
-        """The owner a lock file names, or None for an unreadable one."""
-        try:
-            record = json.loads(data or b"")
-            process = ProcessId(**{f.name: record.pop(f.name) for f in fields(ProcessId)
-                                   if f.name in record})
-            return cls(process=process, **record)
-        except (ValueError, TypeError, AttributeError):
-            return None
-
-
 class TableLock:
     """``with TableLock(spark, location, consumer, run_id) as lock: …``"""
 
@@ -140,7 +50,6 @@ class TableLock:
         self._files = _files_for(spark, f"{location.rstrip('/')}/_js_etl/{consumer}.lock")
         self.run_id = run_id
         self.ttl = ttl
-        self.previous: LockOwner | None = None  # a dead owner we took over from
         self._owner: LockOwner | None = None
         self._lost: str | None = None  # why we no longer own the lock
         self._writing = threading.Lock()  # the heartbeat thread and record() both rewrite it
@@ -162,7 +71,6 @@ class TableLock:
             if not self._files.create_exclusive(me.to_json()):
                 raise RunRefusedError(f"another run took over the stale lock {self._files.path} "
                                       "at the same moment")
-            self.previous = holder
         self._owner = me
         self._stop.clear()
         self._beat = threading.Thread(target=self._heartbeats, name="js-etl-lock-heartbeat",
@@ -182,7 +90,7 @@ class TableLock:
             except Exception as e:  # a storage hiccup: try again next beat
                 log.warning("lock heartbeat failed (next try in %.0fs): %s", self.ttl / 10, e)
 
-    def _rewrite(self, **changes: Any) -> None:
+    def _rewrite(self) -> None:
         """Write our owner record with a fresh heartbeat, unless someone else owns the lock."""
         with self._writing:
             if self._owner is None or self._lost:
@@ -191,14 +99,9 @@ class TableLock:
             if holder is None or holder.run_id != self._owner.run_id:
                 self._lost = f"the lock now holds {_describe(holder)}"
                 return
-            owner = replace(self._owner, heartbeat=time.time(), **changes)
+            owner = replace(self._owner, heartbeat=time.time())
             self._files.replace(owner.to_json())
             self._owner = owner
-
-    def record(self, *, pin_id: str | None) -> None:
-        """Record the pin id once the run holds one (a successor UNPINs it)."""
-        if pin_id and self._owner is not None and pin_id != self._owner.pin_id:
-            self._rewrite(pin_id=pin_id)
 
     def check(self) -> None:
         """Raise RunRefusedError unless this run still owns the lock (before commits and acks)."""
@@ -231,13 +134,7 @@ class TableLock:
 
 
 def _describe(owner: LockOwner | None) -> str:
-    if owner is None:
-        return "an unreadable lock"
-    age = time.time() - owner.heartbeat
-    return (f"run {owner.run_id} (pid {owner.process.pid} on {owner.process.host}, last heartbeat "
-            f"{age:.0f}s ago)")
-
-
+    return "an unreadable lock" if owner is None else owner.describe()
 
 
 def _files_for(spark: SparkSession, path: str) -> Any:

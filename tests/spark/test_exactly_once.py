@@ -12,6 +12,7 @@ first mechanism fails the test even though the data would stay right.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -24,14 +25,18 @@ from test_faults import assert_exactly_once, config_for, events, setup_stream
 
 from js_etl.config import load_config
 from js_etl.dev.publish import publish, wait_for_messages
+from js_etl.durable import owner as owner_module
+from js_etl.durable.lease import lease_key
+from js_etl.durable.owner import LockOwner, ProcessId
 from js_etl.errors import RunRefusedError, TerminalError
 from js_etl.jetstream.errors import ConsumerConfigError
+from js_etl.jetstream.kv import KeyValue
 from js_etl.spark import drain as drain_module
 from js_etl.spark import lock as lock_module
 from js_etl.spark.delta import CommitTag, DeltaTarget
 from js_etl.spark.drain import run_drain
 from js_etl.spark.fetch import RAW_DDL
-from js_etl.spark.lock import LockOwner, ProcessId, TableLock
+from js_etl.spark.lock import TableLock
 from js_etl.spark.rounds import RoundStats
 
 pytestmark = pytest.mark.slow
@@ -252,8 +257,9 @@ def test_lock_of_a_dead_owner_whose_pid_was_reused_is_taken_over(spark, tmp_path
     dead = replace(me, process=replace(me.process, pid_start=(me.process.pid_start or 0) - 1))
     write_owner(tmp_path, "c", dead)
 
-    with TableLock(spark, str(tmp_path), "c", "new-run") as lock:
-        assert lock.previous is not None and lock.previous.run_id == "dead-run"
+    with TableLock(spark, str(tmp_path), "c", "new-run"):
+        record = json.loads((tmp_path / "_js_etl" / "c.lock").read_text())
+        assert record["run_id"] == "new-run"
 
 
 def test_the_lock_file_through_hadoop_behaves_as_the_local_one(spark, tmp_path):
@@ -286,10 +292,10 @@ def test_lock_of_another_pid_namespace_on_the_same_host_is_not_taken_over(spark,
 def test_lock_heartbeat_keeps_a_long_held_lock_live(spark, tmp_path, monkeypatch):
     real_me = ProcessId.me
     # The holder looks like a run in another container, so only its heartbeat keeps it live.
-    monkeypatch.setattr(lock_module.ProcessId, "me", classmethod(
+    monkeypatch.setattr(owner_module.ProcessId, "me", classmethod(
         lambda cls: replace(real_me(), pid_namespace="pid:[4026530000]")))
     holder = TableLock(spark, str(tmp_path), "c", "long-run", ttl=0.5).acquire()
-    monkeypatch.setattr(lock_module.ProcessId, "me", classmethod(lambda cls: real_me()))
+    monkeypatch.setattr(owner_module.ProcessId, "me", classmethod(lambda cls: real_me()))
     path = tmp_path / "_js_etl" / "c.lock"
     try:
         started = json.loads(path.read_text())["started"]
@@ -324,6 +330,64 @@ def test_run_that_lost_its_lock_stops_before_committing(spark, js, names, nats_s
     assert json.loads(lock.read_text())["run_id"] == "thief"  # not deleted by the loser
     assert spark.read.format("delta").load(str(table)).count() == 100  # round 2 not committed
     lock.unlink()
+    run_drain(spark, config)
+    assert_exactly_once(spark, js, names, table, good, bad)
+
+
+def test_runs_of_one_consumer_into_two_tables_started_together(spark, js, names, nats_server,
+                                                               tmp_path):
+    """Two runs of one consumer, each writing its own table, started at the same moment: one
+    holds the consumer, the other is refused before it fetches; no sequence lands twice."""
+    messages, good, bad = events(names, 300)
+    setup_stream(js, names, messages, max_ack_pending=100)
+    tables = [tmp_path / "a", tmp_path / "b"]
+    start = threading.Barrier(2)
+    outcomes: dict[int, Any] = {}
+
+    def run(i: int) -> None:
+        start.wait()
+        try:
+            outcomes[i] = run_drain(spark, config_for(names, nats_server.url, tables[i]))
+        except RunRefusedError as e:
+            outcomes[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    refused = [i for i, o in outcomes.items() if isinstance(o, RunRefusedError)]
+    assert len(refused) == 1, outcomes
+    winner = 1 - refused[0]
+    assert "another run holds this consumer" in str(outcomes[refused[0]])
+    assert outcomes[winner].messages_written == len(good)
+    assert not tables[refused[0]].exists()
+    assert_exactly_once(spark, js, names, tables[winner], good, bad)
+
+
+def test_run_that_lost_its_lease_stops_before_committing(spark, js, names, nats_server,
+                                                         tmp_path):
+    messages, good, bad = events(names, 300)
+    setup_stream(js, names, messages, max_ack_pending=100)
+    table = tmp_path / "table"
+    config = config_for(names, nats_server.url, table)
+    me = LockOwner.me("successor", str(tmp_path / "elsewhere"))
+    successor = replace(me, process=replace(me.process, host="other-host"))
+    kv = KeyValue(js.conn, config.source.lease_bucket)
+    key = lease_key(names.stream, names.consumer)
+
+    def take_over(report: Any) -> None:  # as a successor would once this run's lease expired
+        entry = js.run(kv.get(key))
+        js.run(kv.update(key, successor.to_json(), entry.revision))
+
+    with pytest.raises(RunRefusedError, match="lost its lease"):
+        run_drain(spark, config, progress=AfterEachRound(take_over))
+
+    entry = js.run(kv.get(key))
+    assert json.loads(entry.value)["run_id"] == "successor"  # not deleted by the loser
+    assert spark.read.format("delta").load(str(table)).count() == 100  # round 2 not committed
+    js.run(kv.delete(key, entry.revision))  # the successor ends
     run_drain(spark, config)
     assert_exactly_once(spark, js, names, table, good, bad)
 

@@ -342,21 +342,31 @@ def held_run(names: Any, url: str, table: Path, gate: Path) -> subprocess.Popen[
     return run
 
 
-def test_two_runs_started_together_one_is_refused(spark, js, names, nats_server, tmp_path):
+def test_a_second_run_into_another_table_is_refused_mid_round(spark, js, names, nats_server,
+                                                              tmp_path):
+    """The consumer is held in NATS, not in the table: a second `js-etl drain` of the same
+    consumer into another table (a changed target.path, a copied DAG) is refused with 73 and
+    one line naming the holder, before it fetches or NAKs anything."""
     messages, good, bad = events(names, 300)
     setup_stream(js, names, messages, max_ack_pending=150)  # two rounds
-    table, gate = tmp_path / "table", tmp_path / "gate"
+    table, other, gate = tmp_path / "table", tmp_path / "other", tmp_path / "gate"
     first = held_run(names, nats_server.url, table, gate)
     try:
-        assert (table / "_js_etl" / f"{names.consumer}.lock").exists()
-        second = drain_process(names, nats_server.url, table, None, uuid.uuid4().hex)
+        held = js.consumer_info(names.stream, names.consumer).num_ack_pending
+        assert held > 0  # the first run's round is fetched and not yet committed
+        second = drain_process(names, nats_server.url, other, None, uuid.uuid4().hex)
         _, second_err = second.communicate(timeout=180)
+        # Its fence did not release the first run's round.
+        assert js.consumer_info(names.stream, names.consumer).num_ack_pending == held
     finally:
         (gate / "release").touch()
     _, first_err = first.communicate(timeout=300)
 
     assert second.returncode == 73, second_err[-800:]
-    assert "another run holds this consumer" in second_err
+    reason = second_err.strip().splitlines()[-1]
+    assert reason.startswith("js-etl: RunRefusedError: another run holds this consumer")
+    assert f"writing {table}" in reason and "since " in reason
+    assert not other.exists()  # nothing written, not even a table
     assert first.returncode == 0, first_err[-800:]  # the refused run took nothing from it
     run_drain(spark, config_for(names, nats_server.url, table))
     assert_exactly_once(spark, js, names, table, good, bad)

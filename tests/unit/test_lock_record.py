@@ -1,11 +1,11 @@
-"""The lock file's record (js_etl.spark.lock): the flat JSON every js-etl version writes, read
-back whole; anything else is an unreadable lock, never an exception."""
+"""The record of a lease or a lock file (js_etl.durable.owner): the flat JSON every js-etl version
+writes, read back whole; anything else is an unreadable record, never an exception."""
 
 from __future__ import annotations
 
 import json
 
-from js_etl.spark.lock import LockOwner, ProcessId
+from js_etl.durable.owner import LockOwner, ProcessId
 
 # A record as js-etl wrote it before the process fields had their own type.
 WRITTEN = {"run_id": "r1", "host": "h", "pid": 42, "started": 1.5, "heartbeat": 2.5,
@@ -15,8 +15,8 @@ WRITTEN = {"run_id": "r1", "host": "h", "pid": 42, "started": 1.5, "heartbeat": 
 def test_the_record_is_flat_json_and_reads_back_whole():
     owner = LockOwner.from_json(json.dumps(WRITTEN).encode())
     assert owner == LockOwner("r1", ProcessId("h", 42, "b", "pid:[1]", 7), 1.5, 2.5)
-    assert json.loads(owner.to_json()) == WRITTEN
-    me = LockOwner.me("r2")
+    assert json.loads(owner.to_json()) == {**WRITTEN, "target": None}
+    me = LockOwner.me("r2", "s3://bucket/table")
     assert LockOwner.from_json(me.to_json()) == me
 
 
