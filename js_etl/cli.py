@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import signal
 import sys
 import threading
@@ -134,54 +133,11 @@ def main(argv: Sequence[str] | None = None, *, spark_submit: bool = False) -> in
         print(f"js-etl: {type(e).__name__}: {e}", file=sys.stderr)
         return e.exit_code
     except Exception as e:  # a Spark failure wraps our error from the executors; unwrap it
+        from js_etl.spark.failures import failure_reason
+
         reason, exit_code = failure_reason(e)
         print(f"js-etl: {reason}", file=sys.stderr)
         return exit_code
-
-
-# Spark's words for an executor (or the blocks it held) gone mid-job: infrastructure, not input,
-# so the run is transient (75) like a NATS outage. CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND is what a
-# worker killed after a round's checkpoint gave on a standalone cluster (issue 18); the fault
-# point lose_checkpoint reproduces it in local mode (tests/spark/test_faults.py).
-_EXECUTOR_LOST = ("CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND", "ExecutorLostFailure",
-                  "FetchFailedException")
-# The last line of a Python traceback that Spark carries back from an executor.
-_EXECUTOR_ERROR = re.compile(r"^js_etl\.(?:\w+\.)*?(\w+): (.*)$")
-# What Spark says when an executor's Python daemon could not start (it then quotes the daemon's
-# stderr up to "PYTHONPATH was:"): seen with a PYSPARK_PYTHON that lacks pyarrow or js-etl.
-_WORKER_START_FAILED = "Error from python worker:"
-
-
-def failure_reason(error: BaseException) -> tuple[str, int]:
-    """One line saying why, and the exit code. A js-etl error raised on an executor arrives
-    wrapped in a Spark/Py4J exception, as traceback text: its class still decides the exit code
-    (a NATS outage in a fetch task is transient, 75; a terminal error, 2, is not retried)."""
-    import js_etl.jetstream.errors  # noqa: F401  (registers the JetStream error classes)
-
-    classes = {cls.__name__: cls for cls in _subclasses(JsEtlError)}
-    text = str(error)
-    for line in reversed(text.splitlines()):
-        match = _EXECUTOR_ERROR.match(line.strip())
-        if match and match.group(1) in classes:
-            return f"{match.group(1)}: {match.group(2)}", classes[match.group(1)].exit_code
-    lost = next((m for m in _EXECUTOR_LOST if m in text), None)
-    if lost:
-        return (f"an executor was lost during the run ({lost}); nothing it held was acked, so "
-                "the next run takes it up again", TransientError.exit_code)
-    if _WORKER_START_FAILED in text:
-        quoted = text.split(_WORKER_START_FAILED, 1)[1].split("PYTHONPATH was:", 1)[0]
-        last = ([line.strip() for line in quoted.splitlines() if line.strip()] or ["?"])[-1]
-        return (f"the executors' Python could not start a worker: {last} (the workers' Python, "
-                "PYSPARK_PYTHON or spark-submit's spark.pyspark.python, must have js-etl and "
-                "its dependencies)")[:500], 1
-    lines = text.strip().splitlines() or [""]
-    if "Traceback (most recent call last)" in text:  # an executor's Python error: its last line
-        return lines[-1].strip()[:500], 1
-    return f"{type(error).__name__}: {lines[0]}"[:500], 1
-
-
-def _subclasses(cls: type[JsEtlError]) -> list[type[JsEtlError]]:
-    return [sub for direct in cls.__subclasses__() for sub in (direct, *_subclasses(direct))]
 
 
 def check_target_paths(config: JobConfig) -> None:

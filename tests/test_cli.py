@@ -168,7 +168,7 @@ def _fail_on_executor(error: Exception):
     (RuntimeError("disk full"), "RuntimeError: disk full", 1),
 ])
 def test_an_executor_error_keeps_its_reason_and_exit_code(spark, error, reason, code):
-    from js_etl.cli import failure_reason
+    from js_etl.spark.failures import failure_reason
 
     with pytest.raises(Exception) as raised:  # Spark wraps it: PythonException / Py4JJavaError
         spark.range(1).mapInArrow(_fail_on_executor(error), "id long").collect()

@@ -48,7 +48,7 @@ import nats.errors
 import pyarrow as pa
 
 from js_etl.jetstream.client import JetStreamConnection
-from js_etl.jetstream.errors import ConsumerNotFoundError, NatsUnavailableError
+from js_etl.jetstream.errors import ConsumerUnavailableError, NatsUnavailableError
 from js_etl.jetstream.subjects import ack_subject, framed_ack_subjects
 
 ACK = b"+ACK"
@@ -126,7 +126,7 @@ class Acker:
         """Send the block and wait until the server has applied all of it; returns the count.
 
         Raises NatsUnavailableError (transient) when no confirmation came after ``attempts``
-        sends, ConsumerNotFoundError when the consumer is gone.
+        sends, ConsumerUnavailableError when no consumer answers (gone, or no leader yet).
         """
         if not block.count:
             return 0
@@ -140,8 +140,9 @@ class Acker:
                 await nc.publish_block(block.commands, block.count)
                 await nc.request(block.last_subject, block.confirm_body, timeout=timeout)
             except nats.errors.NoRespondersError as e:
-                raise ConsumerNotFoundError(
-                    f"no consumer answers {block.last_subject}: it was deleted", code=503) from e
+                raise ConsumerUnavailableError(
+                    f"no consumer answers {block.last_subject} (503): its leader is being "
+                    "elected, or it was deleted", code=503) from e
             except (nats.errors.TimeoutError, nats.errors.ConnectionClosedError,
                     NatsUnavailableError) as e:
                 problem = f"{type(e).__name__}: {e}"

@@ -54,6 +54,11 @@ class ConsumerNotFoundError(JetStreamError, TerminalError):
     pass
 
 
+class ConsumerUnavailableError(JetStreamError, TransientError):
+    """No consumer answered a pull (503): its leader is being elected, or it was deleted —
+    only its info (404 once JetStream answers) tells the two apart."""
+
+
 class ConsumerExistsError(JetStreamError, TerminalError):
     """A consumer of that name exists with a different configuration."""
 

@@ -46,7 +46,7 @@ from js_etl.jetstream.client import JetStreamConnection
 from js_etl.jetstream.errors import (
     BadRequestError,
     ConsumerDeletedError,
-    ConsumerNotFoundError,
+    ConsumerUnavailableError,
     JetStreamError,
     NatsUnavailableError,
     PinMismatchError,
@@ -148,8 +148,8 @@ def status_error(status: Status) -> JetStreamError:
         return BadRequestError(f"pull refused: {text}", code=400)
     if code == 503:
         subject = status.header("Nats-Subject") or "the consumer"
-        return ConsumerNotFoundError(f"no consumer answered {subject} (503): it does not exist, "
-                                     "or JetStream is not available", code=503)
+        return ConsumerUnavailableError(f"no consumer answered {subject} (503): its leader "
+                                        "is being elected, or it does not exist", code=503)
     return NatsUnavailableError(f"pull ended with status {status}", code=code)
 
 

@@ -375,6 +375,42 @@ class TableShape:
     configuration: dict[str, str]  # the table's properties
 
 
+def schema_problem(table: str, shape: TableShape, rows: StructType, partition_by: list[str], *,
+                   merge_schema: bool) -> str | None:
+    """Why Delta would refuse to append ``rows`` (partitioned by ``partition_by``) to an
+    existing table of ``shape`` — found before anything is fetched, where Delta's own refusal
+    (``DELTA_FAILED_TO_MERGE_FIELDS``) comes after the fetch and names no type. Delta without
+    type widening appends only a column of the very same type (nullability aside); a column the
+    table lacks only with ``decode.merge_schema``."""
+    have = {f.name.lower(): f.dataType for f in shape.schema.fields}
+    widening = shape.configuration.get("delta.enableTypeWidening", "").lower() == "true"
+    for field in rows.fields:
+        kind = have.get(field.name.lower())
+        if kind is None or kind.simpleString() == field.dataType.simpleString():
+            continue
+        if merge_schema and (widening or (_complex(kind) and _complex(field.dataType))):
+            continue  # Delta merges these itself (nested fields, widening): its call
+        return (f"table {table} has column {field.name} {kind.simpleString().upper()}, but this "
+                f"job writes it as {field.dataType.simpleString().upper()}: make decode.schema "
+                f"declare {field.name} {kind.simpleString().upper()}, or write into a new table")
+    new = [f.name for f in rows.fields if f.name.lower() not in have]
+    if new and not merge_schema:
+        return (f"table {table} has no column {', '.join(new)}: set decode.merge_schema to true "
+                "to add it, remove it from decode.schema, or write into a new table")
+    if partition_by and [c.lower() for c in partition_by] != [
+            c.lower() for c in shape.partition_columns]:
+        return (f"table {table} is partitioned by {list(shape.partition_columns) or 'nothing'}, "
+                f"this job by {partition_by}: make target.partition_by match the table, or "
+                "write into a new table")
+    return None
+
+
+def _complex(kind: Any) -> bool:
+    from pyspark.sql.types import ArrayType, MapType, StructType
+
+    return isinstance(kind, ArrayType | MapType | StructType)
+
+
 class JobTables(NamedTuple):
     """The two tables of a job: its rows, and its dead letters."""
 

@@ -109,7 +109,9 @@ from js_etl.spark.delta import (
     keys_of,
     no_keys,
     range_keys,
+    schema_problem,
 )
+from js_etl.spark.failures import is_transient
 from js_etl.spark.fetch import RAW_DDL, FetchPlan, fetch_partition
 from js_etl.spark.lock import TableLock
 from js_etl.spark.rounds import (
@@ -132,6 +134,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("js_etl.drain")
 
 MAX_RELEASE = 1_000_000  # widest (ack floor, delivered] window the fence NAKs sequence by sequence
+# How long a run rides out NATS not answering (leader elections of a clustered stream or
+# consumer) before it ends with the transient exit code.
+RECOVERY_SECONDS = 60.0
 
 
 def refuse_speculation(spark: SparkSession) -> None:
@@ -182,6 +187,8 @@ class Drain:
         # theirs to ack, not released between this run's rounds.
         self._shared = False
         self._window = 1  # how many times fetch_seconds the next round may pull for
+        self._fetch_end = 0.0  # wall time after which no task of the last round pulls
+        self._recovery_deadline: float | None = None  # see _recovering
         self.columnar: ColumnarPlan | None = None  # the writer, chosen before the first round
         # The round's dead-letter files are committed as they are (not to be removed).
         self._dead_letters_committed = False
@@ -266,7 +273,7 @@ class Drain:
                 report.stopped_because = stop
                 break
             with self.report.phase("plan"):
-                info = js.consumer_info(self.source.stream, self.source.consumer)
+                info = self._consumer_info(js)
             if info.num_pending == 0 and info.num_ack_pending == 0:
                 report.stopped_because = StopReason.DRAINED
                 break
@@ -314,11 +321,20 @@ class Drain:
                 # Only a delivery takes the pin (measured: a 409-only pull does not), so the
                 # first round pulls on one partition; later rounds share its pin id.
                 size = replace(size, partitions=1)
-            fetched, blocks = self._fetch(size, info, next_round)
+            try:
+                fetched, blocks = self._fetch(size, info, next_round)
+            except Exception as e:
+                if not is_transient(e):
+                    raise
+                self._wait_out_failed_fetch(js, e)
+                continue  # the next round releases what the failed one left delivered
             faults.kill_here("kill_after_fetch")
             faults.hold_here("hold_after_fetch")
             try:
                 done = self._commit_and_ack(js, holds, fetched, next_round)
+            except BaseException:
+                self._release_after_failure(js, holds)
+                raise
             finally:
                 self._release_blocks(blocks)
             if self.pin.pinned and self.pin.changed(js, done) and not retook_pin:
@@ -347,6 +363,13 @@ class Drain:
         number of this run's first round."""
         for table in self.tables:
             table.check_usable(self.spark)
+        if self.target.exists(self.spark):
+            rows, partition_names = self._empty_rows()
+            problem = schema_problem(str(self.target), self.target.shape(self.spark),
+                                     rows.schema, partition_names,
+                                     merge_schema=self.config.decode.merge_schema)
+            if problem:
+                raise ConfigError(problem)
         self._choose_writer()
         return 1 + max(table.job_round(self.spark, self.config.job_id)[0] for table in self.tables)
 
@@ -426,6 +449,51 @@ class Drain:
         if self._columnar_table_problem(table, location, rows, [], exists=exists):
             return None
         return columnar.local_directory(location)
+
+    def _release_after_failure(self, js: JetStreamSession, holds: _Holds) -> None:
+        """A round failed after its fetch: NAK what it holds now, so its messages come back at
+        once rather than after ack_wait (a retry would otherwise find them still delivered). A
+        committed one comes back and is found in the table and acked, never written twice.
+        Best effort: the round's own error is the one to report."""
+        try:
+            info = js.consumer_info(self.source.stream, self.source.consumer)
+            self.report.released_at_end += self._nak_unacked(js, holds, info, exclude=set())
+        except Exception as e:
+            log.warning("could not release the failed round's deliveries (they return after "
+                        "ack_wait): %s", str(e).splitlines()[0][:200])
+
+    # --- riding out a NATS failover -----------------------------------------------------------
+    def _consumer_info(self, js: JetStreamSession) -> ConsumerInfo:
+        """The consumer's info; while no leader answers (an election: a 503, a timeout), asked
+        again within the run's recovery time. A consumer confirmed missing is terminal."""
+        while True:
+            try:
+                return js.consumer_info(self.source.stream, self.source.consumer)
+            except TransientError as e:
+                self._recovering(e)
+                time.sleep(0.5)
+
+    def _recovering(self, error: BaseException) -> None:
+        """Raise ``error`` once the run has spent :data:`RECOVERY_SECONDS` riding out
+        failovers; until then, say what it waits for."""
+        now = time.monotonic()
+        if self._recovery_deadline is None:
+            self._recovery_deadline = now + RECOVERY_SECONDS
+        if now > self._recovery_deadline:
+            raise error
+        log.warning("NATS did not answer (%s); retrying for up to %.0fs more",
+                    str(error).splitlines()[0][:200], self._recovery_deadline - now)
+
+    def _wait_out_failed_fetch(self, js: JetStreamSession, error: BaseException) -> None:
+        """After a round's fetch job failed on a NATS outage (a consumer leader lost mid-pull):
+        wait until none of its tasks runs or can still pull (the round's deadline), and for the
+        consumer to answer again. Nothing of the round was committed; what its tasks received
+        stays delivered, and the next round releases it."""
+        self._recovering(error)
+        tracker = self.spark.sparkContext.statusTracker()
+        while tracker.getActiveJobsIds() and time.time() < self._fetch_end:
+            time.sleep(0.2)
+        self._consumer_info(js)
 
     # --- fence ------------------------------------------------------------------------------
     def _fence(self, js: JetStreamSession, info: ConsumerInfo, holds: _Holds) -> None:
@@ -510,6 +578,7 @@ class Drain:
             priority_group=self._priority_group(), fault=self.fault,
             fault_seconds=(1.5 * fetch_seconds(self.config, ack_wait)
                            if self.fault == "slow_task_start" else ack_wait + 1))
+        self._fetch_end = plan.deadline + plan.pull_timeout  # no task pulls after it
         with self.report.phase("fetch"):
             if self.columnar:  # decoded and written to files by the fetch tasks themselves
                 indexes = self.spark.sparkContext.parallelize(range(size.partitions),

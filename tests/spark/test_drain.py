@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from chispa import assert_df_equality
-from streams import add_stream, publish_and_wait
+from streams import add_stream, nak, publish_and_wait
 
 from js_etl.config import JobConfig, load_config
 from js_etl.errors import TerminalError
@@ -285,3 +285,50 @@ def test_unusable_target_path_is_refused_before_fetching(kind, spark, js, names,
 
     assert refused.value.exit_code == 2
     assert js.consumer_info(names.stream, names.consumer).delivered.stream_seq == 0
+
+
+# --- mistakes found before the first fetch, and a failed round released at once -------------
+def test_a_table_whose_types_disagree_with_the_schema_is_refused_before_any_fetch(
+        spark, js, names, nats_server, tmp_path):
+    add_stream(js, names)
+    publish_and_wait(js, names, [(f"{names.prefix}.e", json.dumps({"id": i}).encode())
+                                 for i in range(20)])
+    run_drain(spark, make_config(names, nats_server, tmp_path, "decode.format=json",
+                                 "decode.schema=id STRING", "run.max_messages=5"))
+    before = js.consumer_info(names.stream, names.consumer)
+
+    with pytest.raises(TerminalError) as refused:
+        run_drain(spark, make_config(names, nats_server, tmp_path, "decode.format=json",
+                                     "decode.schema=id BIGINT"))
+
+    assert str(refused.value) == (
+        f"table {tmp_path / 'table'} has column id STRING, but this job writes it as BIGINT: "
+        "make decode.schema declare id STRING, or write into a new table")
+    after = js.consumer_info(names.stream, names.consumer)
+    assert after.delivered == before.delivered and after.num_ack_pending == 0  # nothing fetched
+
+
+def test_a_round_that_fails_after_its_fetch_releases_its_deliveries_at_once(
+        spark, js, names, nats_server, tmp_path, monkeypatch):
+    from js_etl.spark import drain as drain_module
+
+    add_stream(js, names)
+    publish_and_wait(js, names, [(f"{names.prefix}.e", b"m") for _ in range(50)])
+    config = make_config(names, nats_server, tmp_path)  # ack_wait 300 s: nothing times out here
+
+    def commit_fails(*args: Any, **kw: Any) -> bool:
+        raise RuntimeError("the write failed")
+
+    monkeypatch.setattr(drain_module.Drain, "_commit_and_ack", commit_fails)
+    with pytest.raises(RuntimeError, match="the write failed"):
+        run_drain(spark, config)
+
+    assert js.consumer_info(names.stream, names.consumer).delivered.stream_seq == 50
+    # Another client's pull is served them now, not after the 300 s ack_wait.
+    again = js.pull(js.puller(names.stream, names.consumer), 100).messages
+    assert sorted(m.metadata.stream_seq for m in again) == list(range(1, 51))
+    assert {m.metadata.num_delivered for m in again} == {2}
+    nak(js, [m.reply for m in again])
+    monkeypatch.undo()
+    assert run_drain(spark, config).messages_written == 50
+    assert seqs(spark, tmp_path / "table") == list(range(1, 51))

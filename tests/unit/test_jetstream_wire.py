@@ -43,6 +43,7 @@ from js_etl.jetstream.errors import (
     ConsumerDeletedError,
     ConsumerExistsError,
     ConsumerNotFoundError,
+    ConsumerUnavailableError,
     JetStreamNotEnabledError,
     NatsUnavailableError,
     PinMismatchError,
@@ -181,8 +182,10 @@ def test_pull_request_json():
     (b"NATS/1.0 400 Bad Request - heartbeat value too large\r\n\r\n", BadRequestError),
     (b"NATS/1.0 400 Bad Request - json: cannot unmarshal string into Go struct field .expires "
      b"of type time.Duration\r\n\r\n", BadRequestError),
+    # No consumer answered: a leader being elected, or a missing consumer. Transient (exit 75,
+    # retried), never terminal: a leader election must not stop a pipeline until a person looks.
     (b"NATS/1.0 503\r\nNats-Subject: $JS.API.CONSUMER.MSG.NEXT.E.nosuch\r\n\r\n",
-     ConsumerNotFoundError),
+     ConsumerUnavailableError),
     (b"NATS/1.0 409 Leadership Change\r\n\r\n", NatsUnavailableError),
 ])
 def test_status_error_mapping(raw, error):
@@ -203,6 +206,7 @@ def test_raise_for_status_only_for_ends_that_need_a_decision():
     assert drained(PullEnd.NO_MESSAGES) and not drained(PullEnd.DEADLINE)
     assert issubclass(PinMismatchError, TransientError)
     assert issubclass(ConsumerDeletedError, TerminalError)
+    assert issubclass(ConsumerUnavailableError, TransientError)
 
 
 # --- API error mapping ---------------------------------------------------------------------------
