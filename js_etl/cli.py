@@ -45,7 +45,12 @@ class _Parser(argparse.ArgumentParser):
 def _parser(command: str | None = None) -> argparse.ArgumentParser:
     """The argument parser; ``command`` (the first argument) adds the bench's own options only
     when it is ``bench``."""
-    parser = _Parser(prog="js-etl", description=__doc__.split("\n\n")[0])
+    parser = _Parser(
+        prog="js-etl", description="Drain NATS JetStream durable consumers into Delta tables.",
+        epilog="exit codes: 0 success, 2 fix something first, 73 another run holds the "
+        "consumer, 75 try again later (NATS or an executor unavailable, SIGTERM/SIGINT), 1 "
+        "anything unexpected")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     def with_config(p: argparse.ArgumentParser) -> None:
@@ -96,6 +101,15 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
 
         add_bench_arguments(bench)
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("js-etl")
+    except PackageNotFoundError:  # run from a checkout that was not installed
+        return "unknown"
 
 
 def main(argv: Sequence[str] | None = None, *, spark_submit: bool = False) -> int:
@@ -165,16 +179,29 @@ def _drain(config: JobConfig, report_file: str | None, spark_submit: bool) -> in
     options.check_files()  # and credential/TLS files readable: exit 2 now, not after Spark
     spark = job_session(config.spark, spark_submit=spark_submit,
                         columnar=expects_columnar(config))
-    # SIGTERM (Airflow stopping a task, a scheduler's timeout) ends the run at the next round
-    # boundary: the round in progress is committed and acked, the rest released, the lock freed.
+    # SIGTERM (Airflow stopping a task, a scheduler's timeout) and SIGINT (Ctrl-C) end the run
+    # at the next round boundary: the round in progress is committed and acked, the rest
+    # released, the lease freed. A second Ctrl-C stops at once (the next run's fence then
+    # finishes what this one left). Set after the session starts: PySpark's own SIGINT handler
+    # cancels the jobs and raises KeyboardInterrupt mid-round.
     terminated = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: terminated.set())
+    received: list[str] = []
+
+    def stop(signum: int, _frame: object) -> None:
+        received.append(signal.Signals(signum).name)
+        terminated.set()
+        if signum == signal.SIGINT:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     report = run_drain(spark, config, options=options, stop=terminated,
                        progress=progress_for(sys.stderr))
     _emit(report, report_file)
     if report.stopped_because is StopReason.TERMINATED:
-        print(f"js-etl: Terminated: SIGTERM received; stopped after round {report.rounds}, "
-              "everything committed is acked, the next run continues", file=sys.stderr)
+        print(f"js-etl: Terminated: {received[0]} received; stopped after round "
+              f"{report.rounds}, everything committed is acked, the next run continues",
+              file=sys.stderr)
         return TransientError.exit_code
     return 0
 

