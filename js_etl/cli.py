@@ -177,6 +177,7 @@ def _drain(config: JobConfig, report_file: str | None, spark_submit: bool) -> in
     check_target_paths(config)
     options = config.nats.connection_options()  # secrets resolved before Spark starts
     options.check_files()  # and credential/TLS files readable: exit 2 now, not after Spark
+    check_drainable(config, options)
     spark = job_session(config.spark, spark_submit=spark_submit,
                         columnar=expects_columnar(config))
     # SIGTERM (Airflow stopping a task, a scheduler's timeout) and SIGINT (Ctrl-C) end the run
@@ -204,6 +205,28 @@ def _drain(config: JobConfig, report_file: str | None, spark_submit: bool) -> in
               file=sys.stderr)
         return TransientError.exit_code
     return 0
+
+
+def check_drainable(config: JobConfig, options: Any) -> None:
+    """What NATS can say before Spark starts, in a second rather than after the JVM: the server
+    answers with these credentials, the stream exists, the consumer exists as a drain needs it
+    (or is missing where the run may create it), and no other run holds it. Read-only: the run
+    checks all of it again itself, and creates what it may."""
+    from js_etl.durable.lease import refuse_if_held
+    from js_etl.durable.policy import desired_consumer, ensure_drain_consumer, min_ack_wait
+    from js_etl.jetstream import JetStreamSession
+    from js_etl.jetstream.errors import ConsumerNotFoundError
+
+    source = config.source
+    with JetStreamSession(options) as js:
+        js.stream_info(source.stream)
+        try:
+            js.run(ensure_drain_consumer(js.admin, source.stream, desired_consumer(config),
+                                         create=False, min_ack_wait=min_ack_wait(config)))
+        except ConsumerNotFoundError:
+            if not source.create_consumer:
+                raise
+        refuse_if_held(js, source.lease_bucket, source.stream, source.consumer)
 
 
 def _emit(report: RunReport, report_file: str | None) -> int:

@@ -189,3 +189,27 @@ def test_version_and_plain_help():
                               timeout=60)
     assert help_run.returncode == 0 and "``" not in help_run.stdout
     assert "73 another run holds the consumer" in " ".join(help_run.stdout.split())
+
+
+@pytest.mark.parametrize("mistake, setting, exit_code, reason", [
+    ("wrong port", "nats.servers=nats://127.0.0.1:{free_port}", 75,
+     "js-etl: NatsUnavailableError: cannot connect to NATS at nats://127.0.0.1:"),
+    ("missing stream", "source.stream=NO_SUCH_STREAM", 2,
+     "js-etl: StreamNotFoundError: stream not found: 'NO_SUCH_STREAM'"),
+    ("DDL typo", "decode.schema=id BIGINTT, kind STRING", 2,
+     "js-etl: ConfigError: decode.schema is not a valid Spark DDL schema: unknown type "
+     "'BIGINTT' in field 'id'"),
+])
+def test_cheap_mistakes_fail_in_one_line_before_spark_starts(stream_with_messages, nats_server,
+                                                             tmp_path, mistake, setting,
+                                                             exit_code, reason):
+    from js_etl.dev.server import free_port
+
+    names = stream_with_messages
+    result = run(JS_ETL, "drain", *drain_args(names, nats_server, tmp_path / "t"),
+                 "--set", setting.format(free_port=free_port()))
+    assert result.returncode == exit_code, result.stderr[-2000:]
+    # One line and nothing else: no JVM was started (it prints its own warnings first).
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(reason), result.stderr[-2000:]
+    assert not (tmp_path / "t").exists()

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Literal
 
+from js_etl.config.ddl import ddl_problem
 from js_etl.config.values import (
     BOOL,
     CONF,
@@ -267,6 +268,9 @@ class DecodeConfig(_Section):
         if self.format == "json" and self.schema is not None:
             from js_etl.spark.decode import schema_field_problem
 
+            typo = ddl_problem(self.schema)
+            if typo:
+                raise ConfigError(typo)
             names = ddl_field_names(self.schema)
             problem = schema_field_problem(names) if names is not None else None
             if problem:

@@ -63,6 +63,23 @@ def lease_holder(js: JetStreamSession, bucket: str, stream: str, consumer: str
     return _holder(entry)
 
 
+def refuse_if_held(js: JetStreamSession, bucket: str, stream: str, consumer: str) -> None:
+    """Raise the refusal a run would meet now (a run is refused before its JVM starts); the
+    lease itself is taken by the run (:class:`ConsumerLease`)."""
+    holder = lease_holder(js, bucket, stream, consumer)
+    if holder is not None and not _dead(holder):
+        raise _refusal(holder, stream, consumer, bucket, None)
+
+
+def _refusal(holder: LockOwner, stream: str, consumer: str, bucket: str,
+             ttl: float | None) -> RunRefusedError:
+    expiry = f"{ttl:g}s" if ttl else "the bucket's max age"
+    return RunRefusedError(
+        f"another run holds this consumer ({stream}/{consumer}): {holder.describe()}; its "
+        f"lease ({bucket} {lease_key(stream, consumer)}) expires {expiry} after its last "
+        "heartbeat")
+
+
 def _holder(entry: KvEntry | None) -> LockOwner | None:
     if entry is None or entry.deleted:
         return None
@@ -151,10 +168,7 @@ class ConsumerLease:
             self._revision = js.run(kv.create(self.key, me.to_json()))
             return
         if not _dead(holder):
-            raise RunRefusedError(
-                f"another run holds this consumer ({self.stream}/{self.consumer}): "
-                f"{holder.describe()}; its lease ({self.bucket} {self.key}) expires "
-                f"{self.ttl:g}s after its last heartbeat")
+            raise _refusal(holder, self.stream, self.consumer, self.bucket, self.ttl)
         try:  # the holder is certainly dead: take its lease over, exactly that revision
             self._revision = js.run(kv.update(self.key, me.to_json(), entry.revision))
         except WrongLastSequenceError:

@@ -72,6 +72,17 @@ async def ensure_drain_consumer(admin: JetStreamAdmin, stream: str, desired: Con
     return info
 
 
+def drainable_consumer(js: JetStreamSession, config: JobConfig
+                       ) -> tuple[ConsumerInfo, PriorityPolicy | None]:
+    """The job's consumer, checked (or created, ``source.create_consumer``) as a drain needs
+    it, and the policy of its priority group."""
+    source = config.source
+    info = js.run(ensure_drain_consumer(js.admin, source.stream, desired_consumer(config),
+                                        create=source.create_consumer,
+                                        min_ack_wait=min_ack_wait(config)))
+    return info, check_priority_settings(config, info)
+
+
 def consumer_add_command(stream: str, name: str, config: ConsumerConfig, *,
                          start_seq: int | None = None) -> str:
     """The ``nats`` CLI command (v0.5) that creates the durable pull consumer ``config``

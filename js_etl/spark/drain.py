@@ -78,13 +78,7 @@ from js_etl import faults
 from js_etl.config import JobConfig
 from js_etl.durable.lease import ConsumerLease
 from js_etl.durable.pin import GroupPin
-from js_etl.durable.policy import (
-    DEFAULT_ACK_WAIT,
-    check_priority_settings,
-    desired_consumer,
-    ensure_drain_consumer,
-    min_ack_wait,
-)
+from js_etl.durable.policy import DEFAULT_ACK_WAIT, drainable_consumer
 from js_etl.errors import ConfigError, TerminalError, TransientError
 from js_etl.jetstream import (
     ConnectionOptions,
@@ -232,10 +226,7 @@ class Drain:
         return self.report
 
     def _plan(self, js: JetStreamSession, stream: StreamInfo) -> ConsumerInfo:
-        info = js.run(ensure_drain_consumer(
-            js.admin, self.source.stream, desired_consumer(self.config),
-            create=self.source.create_consumer, min_ack_wait=min_ack_wait(self.config)))
-        policy = check_priority_settings(self.config, info)
+        info, policy = drainable_consumer(js, self.config)
         self.pin.pinned = policy is PriorityPolicy.PINNED_CLIENT
         self._shared = policy is PriorityPolicy.OVERFLOW
         self.report.target_seq = stream.state.last_seq
