@@ -47,12 +47,16 @@ from dataclasses import dataclass
 import nats.errors
 import pyarrow as pa
 
+from js_etl.errors import JsEtlError
 from js_etl.jetstream.client import JetStreamConnection
 from js_etl.jetstream.errors import ConsumerUnavailableError, NatsUnavailableError
-from js_etl.jetstream.subjects import ack_subject, framed_ack_subjects
+from js_etl.jetstream.subjects import ack_subject, framed_ack_subjects, parse_ack_subject
 
 ACK = b"+ACK"
 TERM = b"+TERM"
+# Acks a second the slowest server js-etl waits for while it sees them applied: a block's
+# confirmation waits at most ``confirm_timeout + count / MIN_ACK_RATE`` seconds.
+MIN_ACK_RATE = 5_000
 
 
 def nak_body(delay: float | None = None) -> bytes:
@@ -117,28 +121,44 @@ class Acker:
     """
 
     def __init__(self, conn: JetStreamConnection, *, confirm_timeout: float = 10.0,
-                 attempts: int = 3) -> None:
+                 attempts: int = 3, ack_rate: float = 50_000) -> None:
         self.conn = conn
         self.confirm_timeout = confirm_timeout
         self.attempts = attempts
+        # The server applies ~400k acks/s (module docstring): each wait for an answer allows
+        # for a loaded machine, and longer while the block is seen applied (send).
+        self.ack_rate = ack_rate
 
     async def send(self, block: AckBlock) -> int:
         """Send the block and wait until the server has applied all of it; returns the count.
 
-        Raises NatsUnavailableError (transient) when no confirmation came after ``attempts``
-        sends, ConsumerUnavailableError when no consumer answers (gone, or no leader yet).
+        The answer may take a while for a large block on a busy server: while the consumer's
+        ack floor or ack-pending count moves, the server is applying it, and the wait goes on
+        (up to a limit that grows with the block) instead of sending it all again. Raises
+        NatsUnavailableError (transient) when no confirmation came after ``attempts`` sends,
+        ConsumerUnavailableError when no consumer answers (gone, or no leader yet).
         """
         if not block.count:
             return 0
         nc = self.conn.nc
-        # The server applies ~400k acks/s (module docstring); leave room for a loaded machine.
-        timeout = self.confirm_timeout + block.count / 50_000
+        loop = asyncio.get_running_loop()
+        step = self.confirm_timeout + block.count / self.ack_rate
+        limit = loop.time() + self.confirm_timeout + block.count / MIN_ACK_RATE
         problem = ""
         for _ in range(self.attempts):
             reconnects = self.conn.reconnects
             try:
                 await nc.publish_block(block.commands, block.count)
-                await nc.request(block.last_subject, block.confirm_body, timeout=timeout)
+                state: tuple[int, int] | None = None  # read only once an answer is late
+                while True:
+                    try:
+                        await nc.request(block.last_subject, block.confirm_body, timeout=step)
+                        break
+                    except nats.errors.TimeoutError:
+                        before, state = state, await self._consumer_state(block)
+                        if (self.conn.reconnects != reconnects or loop.time() > limit
+                                or state is None or state == before):
+                            raise
             except nats.errors.NoRespondersError as e:
                 raise ConsumerUnavailableError(
                     f"no consumer answers {block.last_subject} (503): its leader is being "
@@ -150,9 +170,21 @@ class Acker:
                 if self.conn.reconnects == reconnects:
                     return block.count
                 problem = "the connection was re-established while they were in flight"
-            await self._connected(timeout)
+            await self._connected(step)
         raise NatsUnavailableError(f"{block.count} acks ({block.body[:5].decode()}) not "
                                    f"confirmed applied after {self.attempts} sends: {problem}")
+
+    async def _consumer_state(self, block: AckBlock) -> tuple[int, int] | None:
+        """The block's consumer's ``(ack floor, ack-pending)``: it moves while the server
+        applies acks and TERMs (not NAKs: a NAKed delivery stays ack-pending). None when the
+        consumer does not answer."""
+        try:
+            meta = parse_ack_subject(block.last_subject)
+            info = await self.conn.request(f"CONSUMER.INFO.{meta.stream}.{meta.consumer}")
+        except (ValueError, JsEtlError):
+            return None
+        return int((info.get("ack_floor") or {}).get("stream_seq", 0)), int(
+            info.get("num_ack_pending", 0))
 
     async def _connected(self, timeout: float) -> None:
         """Wait (bounded) for nats-py to re-establish the connection before sending again."""

@@ -89,11 +89,18 @@ COLUMNAR_PARTITION_MESSAGES = 100_000
 COLUMNAR_PARTITION_BYTES = 192 << 20
 
 
+# Acks a second a loaded server applies at least (it does ~400k on an idle box:
+# js_etl/jetstream/ack.py). A round holds at most what it acks in a third of ack_wait, so its
+# acks are applied before its first deliveries' ack_wait runs out even after a long fetch.
+ROUND_ACK_RATE = 30_000
+
+
 def plan_round(config: JobConfig, info: ConsumerInfo, *, messages_left: float,
                bytes_left: float, released: int = 0, columnar: bool = False
                ) -> RoundSize | None:
-    """Size one round so partitions × batch never exceed the consumer's ack-pending headroom,
-    and no pull asks for more than the consumer allows (its ``max_batch`` / ``max_bytes``; the
+    """Size one round so partitions × batch never exceed the consumer's ack-pending headroom
+    nor what the server confirms acked well within ack_wait (:data:`ROUND_ACK_RATE`), and no
+    pull asks for more than the consumer allows (its ``max_batch`` / ``max_bytes``; the
     server refuses such a pull with 409).
 
     ``released``: messages this run just NAKed. They still count as ack-pending, yet a pull is
@@ -110,7 +117,8 @@ def plan_round(config: JobConfig, info: ConsumerInfo, *, messages_left: float,
     headroom = _limit(consumer.max_ack_pending) - info.num_ack_pending + released
     default_cap = columnar and not fetch.partition_max_messages
     cap = COLUMNAR_PARTITION_MESSAGES if default_cap else fetch.partition_max_messages
-    budget = min(headroom, messages_left, _limit(cap) * fetch.partitions)
+    acked_in_time = ROUND_ACK_RATE * (consumer.ack_wait or float("inf")) / 3
+    budget = min(headroom, messages_left, _limit(cap) * fetch.partitions, acked_in_time)
     if budget < 1:
         return None
     partitions = int(min(fetch.partitions, budget))

@@ -225,3 +225,28 @@ def test_confirmed_block_is_applied_before_the_next_pull(js, js2, names, stream,
             assert result.end is PullEnd.NO_MESSAGES and result.messages == []
     info = js.consumer_info(stream, names.consumer)
     assert (info.num_ack_pending, info.num_pending, info.ack_floor.stream_seq) == (0, 0, 20_000)
+
+
+def test_a_late_confirmation_is_waited_for_while_the_server_applies_the_block(js, js2, names,
+                                                                             stream):
+    """A big block on a busy server answers late. While the consumer's ack floor moves, the
+    server is applying it: the wait goes on rather than sending it all again, and failing after
+    the last send (400,000 acks exited 75 on a healthy server). The wait per answer here is
+    20 ms, far shorter than the server needs for 200,000 acks."""
+    from js_etl.dev.publish import publish, wait_for_messages
+    from js_etl.jetstream.ack import ACK, AckBlock, Acker
+
+    n = 200_000
+    js.run(publish(js.conn, ((f"{names.prefix}.a", b"x") for _ in range(n))))
+    js.run(wait_for_messages(js.conn, stream, n))
+    consumer(js, stream, names.consumer, max_ack_pending=-1)
+    puller = js.puller(stream, names.consumer)
+    replies: list[str] = []
+    while len(replies) < n:
+        replies += [m.reply for m in js.pull(puller, 20_000, max_bytes=8 << 20).messages]
+    assert js.consumer_info(stream, names.consumer).num_ack_pending == n
+
+    impatient = Acker(js2.conn, confirm_timeout=0.02, attempts=1, ack_rate=1e12)
+    assert js2.run(impatient.send(AckBlock.of(replies, ACK))) == n
+    info = js.consumer_info(stream, names.consumer)
+    assert (info.num_ack_pending, info.ack_floor.stream_seq) == (0, n)

@@ -29,6 +29,7 @@ from js_etl.durable import owner as owner_module
 from js_etl.durable.lease import lease_key
 from js_etl.durable.owner import LockOwner, ProcessId
 from js_etl.errors import RunRefusedError, TerminalError
+from js_etl.jetstream import ConsumerConfig
 from js_etl.jetstream.errors import ConsumerConfigError
 from js_etl.jetstream.kv import KeyValue
 from js_etl.spark import drain as drain_module
@@ -69,6 +70,39 @@ def test_acks_are_applied_before_the_next_round_pulls(spark, js, names, nats_ser
     assert report.rounds >= 3
     assert (report.already_committed, report.duplicates_dropped) == (0, 0)
     assert_exactly_once(spark, js, names, table, good, bad)
+
+
+def test_a_big_backlog_on_an_unlimited_consumer_with_a_short_ack_wait_drains_in_one_run(
+        spark, js, names, nats_server, tmp_path):
+    """400,000 messages, max_ack_pending unlimited, ack_wait 6 s: one round of all of them
+    could not have its acks confirmed before their ack_wait ran out (it exited 75 twice on a
+    healthy server). Rounds are capped by what is acked in time, and a late confirmation is
+    waited for while the server applies the block (tests/jetstream/test_jetstream_ack.py);
+    the run finishes on its own."""
+    n = 400_000
+    js.run(js.admin.add_stream(names.stream, [names.subject]))
+    js.run(js.admin.create_consumer(names.stream, ConsumerConfig(
+        durable_name=names.consumer, ack_wait=6, max_ack_pending=-1)))
+    js.run(publish(js.conn, ((f"{names.prefix}.e", b'{"id":%d}' % i) for i in range(n))))
+    js.run(wait_for_messages(js.conn, names.stream, n))
+    table = tmp_path / "table"
+
+    report = run_drain(spark, config_for(names, nats_server.url, table, "fetch.pull_timeout=2",
+                                         "fetch.batch=4000"))
+
+    assert report.messages_written == n and report.stopped_because in ("drained",
+                                                                       "target_reached")
+    assert report.duplicates_dropped == 0 and report.already_committed == 0
+    seqs = _deltalake_seqs(table)
+    assert len(seqs) == n and len(set(seqs)) == n  # an independent reader: each once
+    info = js.consumer_info(names.stream, names.consumer)
+    assert (info.num_pending, info.num_ack_pending) == (0, 0)
+
+
+def _deltalake_seqs(table: Path) -> list[int]:
+    from deltalake import DeltaTable
+
+    return DeltaTable(str(table)).to_pyarrow_table(columns=["seq"]).column("seq").to_pylist()
 
 
 # --- 2. one deadline for the whole round -----------------------------------------------------

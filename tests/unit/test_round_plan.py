@@ -98,3 +98,11 @@ def test_round_stats_count_redeliveries_dead_letters_and_bytes():
     assert RoundStats.of(fetched) == RoundStats(n=4, distinct=3, dead=1, bytes=100, first=3,
                                                 last=9)
     assert RoundStats.of(fetched.slice(0, 0)) == RoundStats(0, 0, 0, 0, 0, 0)
+
+
+def test_a_short_ack_wait_caps_a_round_at_what_can_be_acked_in_a_third_of_it():
+    # ack_wait 6 s: 30,000 acks/s x 2 s. Its acks are confirmed well before its first
+    # deliveries' ack_wait runs out (one round of 400,000 could not be: issue 45).
+    size = plan(info(max_ack_pending=-1, ack_wait=6_000_000_000))
+    assert size is not None and size.partitions * size.partition_messages == 60_000
+    assert plan(info(max_ack_pending=-1, ack_wait=300_000_000_000)).partition_messages > 10**6
