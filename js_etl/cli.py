@@ -29,7 +29,7 @@ from typing import Any, NoReturn
 
 from js_etl.config import JobConfig, load_config
 from js_etl.errors import JsEtlError, TransientError
-from js_etl.report import RunReport, StopReason, progress_for
+from js_etl.report import RunReport, StopReason, TerminalProgress, progress_for
 
 log = logging.getLogger("js_etl")
 
@@ -196,8 +196,11 @@ def _drain(config: JobConfig, report_file: str | None, spark_submit: bool) -> in
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    report = run_drain(spark, config, options=options, stop=terminated,
-                       progress=progress_for(sys.stderr))
+    progress = progress_for(sys.stderr)
+    if isinstance(progress, TerminalProgress):
+        # Spark's warnings would print over the progress line: only its errors while it shows.
+        spark.sparkContext.setLogLevel("ERROR")
+    report = run_drain(spark, config, options=options, stop=terminated, progress=progress)
     _emit(report, report_file)
     if report.stopped_because is StopReason.TERMINATED:
         print(f"js-etl: Terminated: {received[0]} received; stopped after round "

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
@@ -117,26 +117,36 @@ class LogProgress:
 
 class TerminalProgress:
     """One line rewritten in place (``\\r``): messages done against the consumer's backlog when
-    the run started. For a person at a terminal; logs and Airflow get :class:`LogProgress`."""
+    the run started, the rate so far, the time left at that rate, the round. For a person at a
+    terminal; logs and Airflow get :class:`LogProgress`."""
 
     WIDTH = 30
 
-    def __init__(self, out: TextIO) -> None:
+    def __init__(self, out: TextIO, clock: Callable[[], float] = time.monotonic) -> None:
         self.out = out
+        self.clock = clock
+        self.started = clock()
 
     def round_done(self, report: RunReport) -> None:
         done = report.messages_written + report.dead_letters
         # pending_before is the backlog when the run started: the bar's whole.
         whole = max(report.pending_before, done, 1)
         filled = round(self.WIDTH * done / whole)
+        rate = done / max(self.clock() - self.started, 1e-9)
+        left = f", {_duration((whole - done) / rate)} left" if rate and done < whole else ""
         self.out.write(f"\r[{'#' * filled}{'.' * (self.WIDTH - filled)}] {done:,}/{whole:,} "
-                       f"messages, round {report.rounds}")
+                       f"messages, {rate:,.0f}/s{left}, round {report.rounds}\x1b[K")
         self.out.flush()
 
     def finished(self, report: RunReport) -> None:
         if report.rounds:
             self.out.write("\n")
             self.out.flush()
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 def progress_for(out: TextIO) -> Progress:

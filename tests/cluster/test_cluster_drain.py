@@ -10,6 +10,7 @@ still ends complete here, by NAKing back what its pulls lost: the test checks no
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +26,11 @@ from streams import AfterEachRound
 
 from js_etl.config import load_config
 from js_etl.dev.publish import publish, wait_for_messages
-from js_etl.errors import TransientError
+from js_etl.errors import RunRefusedError
 from js_etl.jetstream import ConsumerConfig, JetStreamSession
 from js_etl.jetstream.errors import JetStreamError
 from js_etl.spark.drain import run_drain
+from js_etl.spark.failures import is_transient
 
 
 def _config(names: Any, urls: tuple[str, ...], table: Path, *extra: str) -> Any:
@@ -72,7 +74,9 @@ def _drain_through(spark: Any, cjs: JetStreamSession, names: Any, config: Any, n
     has a leader again, a later run finishes the job."""
     try:
         written = run_drain(spark, config, progress=AfterEachRound(disrupt)).messages_written
-    except TransientError:
+    except Exception as e:  # a leader election is never terminal (exit 2 is not retried)
+        if not is_transient(e):
+            raise
         written = -1  # the documented transient failure: the next run must finish the job
     assert disrupted, "the run ended before its first round completed"
     retries = 3
@@ -81,7 +85,9 @@ def _drain_through(spark: Any, cjs: JetStreamSession, names: Any, config: Any, n
                  f"a consumer leader after {what}")
         try:
             again = run_drain(spark, config)
-        except TransientError:
+        except Exception as e:
+            if not is_transient(e):
+                raise
             # A leader answered the test's connection, and another server still said 503
             # "JetStream system temporarily unavailable" to the run's (seen once in CI): exit
             # 75 again, and the operator retries again.
@@ -159,3 +165,35 @@ def test_leader_sigkilled_mid_run_loses_and_duplicates_nothing(
             for node in killed:
                 node.start(timeout=60)
             nats_cluster.wait_meta_leader()
+
+
+def test_two_runs_of_one_consumer_into_two_tables_on_r3(spark: Any, nats_cluster: Any,
+                                                       cjs: JetStreamSession, names: Any,
+                                                       tmp_path: Path) -> None:
+    """Started together, each into its own table: one holds the consumer (its lease in an R3
+    bucket, so a node's death does not lose it), the other is refused; no sequence twice."""
+    n = 6_000
+    _setup(cjs, names, n)
+    tables = [tmp_path / "a", tmp_path / "b"]
+    start = threading.Barrier(2)
+    outcomes: dict[int, Any] = {}
+
+    def run(i: int) -> None:
+        start.wait()
+        try:
+            outcomes[i] = run_drain(spark, _config(names, nats_cluster.urls, tables[i],
+                                                   "source.lease_bucket=cluster-leases"))
+        except RunRefusedError as e:
+            outcomes[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    refused = [i for i, o in outcomes.items() if isinstance(o, RunRefusedError)]
+    assert len(refused) == 1, outcomes
+    assert not tables[refused[0]].exists()
+    assert_exactly_once(cjs, names, tables[1 - refused[0]], n)
+    assert raw(cjs, "STREAM.INFO.KV_cluster-leases")["config"]["num_replicas"] == 3

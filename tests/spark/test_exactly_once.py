@@ -30,7 +30,7 @@ from js_etl.durable.lease import lease_key
 from js_etl.durable.owner import LockOwner, ProcessId
 from js_etl.errors import RunRefusedError, TerminalError
 from js_etl.jetstream import ConsumerConfig
-from js_etl.jetstream.errors import ConsumerConfigError
+from js_etl.jetstream.errors import ConsumerConfigError, ConsumerUnavailableError
 from js_etl.jetstream.kv import KeyValue
 from js_etl.spark import drain as drain_module
 from js_etl.spark import lock as lock_module
@@ -97,6 +97,36 @@ def test_a_big_backlog_on_an_unlimited_consumer_with_a_short_ack_wait_drains_in_
     assert len(seqs) == n and len(set(seqs)) == n  # an independent reader: each once
     info = js.consumer_info(names.stream, names.consumer)
     assert (info.num_pending, info.num_ack_pending) == (0, 0)
+
+
+def test_a_fetch_failed_by_a_nats_outage_is_ridden_out_within_the_run(spark, js, names,
+                                                                      nats_server, tmp_path,
+                                                                      monkeypatch):
+    """A round's fetch job fails the way a consumer leader's loss fails it (a pull answered
+    503), after its tasks received deliveries: the run waits for the consumer to answer,
+    releases what the failed round left delivered and goes on, instead of exiting."""
+    messages, good, bad = events(names, 300, poison_every=50)
+    setup_stream(js, names, messages, max_ack_pending=100)
+    real = drain_module.Drain._fetch
+    failed: list[int] = []
+
+    def fetch_then_fail(self: Any, *args: Any, **kw: Any) -> Any:
+        if failed:
+            return real(self, *args, **kw)
+        _, blocks = real(self, *args, **kw)  # its tasks pulled: those deliveries are out
+        self._release_blocks(blocks)
+        failed.append(js.consumer_info(names.stream, names.consumer).num_ack_pending)
+        raise ConsumerUnavailableError("no consumer answered (503): its leader is being "
+                                       "elected, or it does not exist", code=503)
+
+    monkeypatch.setattr(drain_module.Drain, "_fetch", fetch_then_fail)
+    table = tmp_path / "table"
+    report = run_drain(spark, config_for(names, nats_server.url, table))
+
+    assert failed and failed[0] > 0
+    assert report.released_at_end == failed[0]  # given back once, by the next round
+    assert report.messages_written == len(good) and report.dead_letters == len(bad)
+    assert_exactly_once(spark, js, names, table, good, bad)
 
 
 def _deltalake_seqs(table: Path) -> list[int]:

@@ -42,17 +42,21 @@ def test_log_progress_writes_one_line_a_round(caplog):
                                "seq 1..41, versions [4]"]
 
 
-def test_terminal_progress_rewrites_one_line_and_ends_it():
+def test_terminal_progress_rewrites_one_line_with_rate_and_time_left_and_ends_it():
     out = io.StringIO()
-    progress = TerminalProgress(out)
-    r = report(pending_before=100, rounds=1, messages_written=25)
+    now = iter([0.0, 5.0, 10.0])  # the clock at the start and at each round's end
+    progress = TerminalProgress(out, clock=lambda: next(now))
+    r = report(pending_before=100_000, rounds=1, messages_written=25_000)
     progress.round_done(r)
-    r.rounds, r.messages_written = 2, 100
+    r.rounds, r.messages_written = 2, 100_000
     progress.round_done(r)
     progress.finished(r)
     first, second = out.getvalue().split("\r")[1:]
-    assert first == "[########......................] 25/100 messages, round 1"
-    assert second == "[" + "#" * 30 + "] 100/100 messages, round 2\n"
+    # \x1b[K clears what a longer line (or a log line) left to the right.
+    assert first == ("[########......................] 25,000/100,000 messages, 5,000/s, "
+                     "15s left, round 1\x1b[K")
+    assert second == ("[" + "#" * 30 + "] 100,000/100,000 messages, 10,000/s, round 2"
+                      "\x1b[K\n")
 
 
 def test_a_terminal_gets_the_bar_anything_else_log_lines():
