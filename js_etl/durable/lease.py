@@ -47,6 +47,7 @@ log = logging.getLogger("js_etl.lease")
 _HELD: set[str] = set()
 
 TTL = 60.0  # seconds: a new bucket's max_age, the lease's expiry
+ANSWER_SECONDS = 30.0  # how long taking the lease waits for the bucket to answer at all
 
 
 def lease_key(stream: str, consumer: str) -> str:
@@ -130,7 +131,7 @@ class ConsumerLease:
         try:
             self._session = JetStreamSession(self.options)
             try:
-                self._take()
+                self._take_when_answered()
             except BaseException:
                 self._session.close()
                 self._session = None
@@ -142,6 +143,18 @@ class ConsumerLease:
         self._beat = threading.Thread(target=self._renewals, name="js-etl-lease", daemon=True)
         self._beat.start()
         return self
+
+    def _take_when_answered(self) -> None:
+        """:meth:`_take`, asked again while the bucket has no leader to answer (created a moment
+        ago on a cluster, or a leader election), for up to :data:`ANSWER_SECONDS`."""
+        give_up = time.monotonic() + ANSWER_SECONDS
+        while True:
+            try:
+                return self._take()
+            except TransientError as e:
+                if isinstance(e, RunRefusedError) or time.monotonic() > give_up:
+                    raise
+                time.sleep(0.25)
 
     def _take(self) -> None:
         js = self._session
@@ -166,6 +179,9 @@ class ConsumerLease:
         holder = _holder(entry)
         if entry is None or holder is None:  # gone since: it expired or was released
             self._revision = js.run(kv.create(self.key, me.to_json()))
+            return
+        if holder.run_id == me.run_id and holder.process == me.process:
+            self._revision = entry.revision  # our own create, whose answer was lost
             return
         if not _dead(holder):
             raise _refusal(holder, self.stream, self.consumer, self.bucket, self.ttl)

@@ -48,7 +48,11 @@ NO_FIELD = ("JSON object has none of decode.schema's fields (it has: {}); fix de
 # payload is good only if it is JSON.
 _STRICT = {"allowSingleQuotes": "false", "allowNonNumericNumbers": "false"}
 _JSON_WHITESPACE = (" ", "\t", "\n", "\r")
-_VALUE_STARTS = ("{", "[", '"', "-", "t", "f", "n", *"0123456789")
+# One rule in every decoder: a payload that is not one JSON value (nor values separated by
+# commas) is "malformed JSON", or "data after the JSON value", only when it starts (after
+# whitespace) like a JSON document, an object or an array; else it is text, "payload is not
+# JSON" ("hello", "false alarm", "7 apples").
+_DOCUMENT_STARTS = ("{", "[")
 
 
 @dataclass(frozen=True)
@@ -157,9 +161,9 @@ class Decoder:
         error = (F.when(~F.col("data_is_utf8"), F.lit(NOT_UTF8))
                  .when(F.length("data") == 0, F.lit(EMPTY))
                  .when(values == 0, F.lit(WHITESPACE))
-                 .when(values.isNull() & F.get_json_object(text, "$").isNotNull(),
-                       F.lit(TRAILING))
-                 .when(values.isNull() & first.isin(*_VALUE_STARTS), F.lit(MALFORMED))
+                 .when(values.isNull() & F.get_json_object(text, "$").isNotNull()
+                       & first.isin(*_DOCUMENT_STARTS), F.lit(TRAILING))
+                 .when(values.isNull() & first.isin(*_DOCUMENT_STARTS), F.lit(MALFORMED))
                  .when(values.isNull(), F.lit(NOT_JSON))
                  .when(values > 1, _filled(SEVERAL, values.cast("string")))
                  .when(closes_early, F.lit(TRAILING))

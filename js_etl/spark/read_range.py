@@ -207,7 +207,8 @@ def fetch_range_partition(plan: RangeFetchPlan, batches: Iterator[pa.RecordBatch
 
 
 def read_range(plan: RangeFetchPlan, index: int) -> Iterator[pa.RecordBatch]:
-    """Every message of sub-range ``index`` (that matches the filter), in order, exactly once.
+    """Every message of sub-range ``index`` (that matches the filter), in order, exactly once,
+    ``consumer_seq`` null.
 
     The consumer's name is unique to this attempt: creating a consumer under an existing name
     with the same config answers the *existing* consumer, already advanced (measured), so a
@@ -236,7 +237,12 @@ def read_range(plan: RangeFetchPlan, index: int) -> Iterator[pa.RecordBatch]:
                     if last > hi:  # filtered consumers skip ahead: drop what lies beyond hi
                         batch = batch.filter(pc.less_equal(batch.column("seq"), hi))
                     if batch.num_rows:
-                        yield batch
+                        # An ephemeral consumer's sequence depends on where a partition starts:
+                        # null, so a range's rows do not depend on how it was split (a drain's
+                        # rows keep their durable consumer's).
+                        yield batch.set_column(
+                            batch.schema.get_field_index("consumer_seq"), "consumer_seq",
+                            pa.nulls(batch.num_rows, pa.int64()))
                     next_seq = last + 1
                     if result.messages[-1].metadata.num_pending == 0:
                         break  # pending token 0: the consumer has nothing more at all

@@ -381,10 +381,7 @@ def read_partition(plan: ReadPlan, bounds: tuple[int, int]) -> Iterator[pa.Recor
     for batch in read_range(fetch, 0):
         batch = _apply_pushed(batch, plan.pushed)
         if batch.num_rows:
-            decoded = decoder(batch)
-            # An ephemeral consumer's sequence depends on where a partition starts: null, so the
-            # rows of a range do not depend on how it was split (the drain's keep their durable's).
-            yield decoded.set_column(3, "consumer_seq", pa.nulls(decoded.num_rows, pa.int64()))
+            yield decoder(batch)
 
 
 def _apply_pushed(batch: pa.RecordBatch, p: Pushed) -> pa.RecordBatch:

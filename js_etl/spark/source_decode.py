@@ -170,7 +170,7 @@ def decode_json(payload: bytes, is_utf8: bool, schema: StructType, decode: Decod
         return None, reasons.WHITESPACE
     depth = _depth(payload) if payload.count(b"[") + payload.count(b"{") >= MAX_DEPTH else 0
     if depth > MAX_DEPTH:
-        return None, (reasons.MALFORMED if stripped[0] in reasons._VALUE_STARTS
+        return None, (reasons.MALFORMED if stripped[0] in reasons._DOCUMENT_STARTS
                       else reasons.NOT_JSON)
     if depth == MAX_DEPTH:
         # Parsed by Spark, but one level too deep once wrapped in the [ ] of the drain's count
@@ -181,7 +181,7 @@ def decode_json(payload: bytes, is_utf8: bool, schema: StructType, decode: Decod
     except ValueError as e:
         if "Extra data" in str(e):
             return None, _trailing(text)
-        return None, (reasons.MALFORMED if stripped[0] in reasons._VALUE_STARTS
+        return None, (reasons.MALFORMED if stripped[0] in reasons._DOCUMENT_STARTS
                       else reasons.NOT_JSON)
     if isinstance(value, list):
         return None, reasons.ARRAY
@@ -272,11 +272,13 @@ def _java_double(x: float) -> str:
 def _trailing(text: str) -> str:
     """Why a payload with data after its first JSON value is refused, as the drain's decoder
     says it: values separated by commas are counted (it counts the elements of ``[payload]``),
-    anything else is trailing data."""
+    anything else is trailing data after a document — or text, when the payload does not start
+    like one (``false alarm``: see ``reasons._DOCUMENT_STARTS``)."""
     try:
         values = _loads(f"[{text}]")
     except (ValueError, RecursionError):
-        return reasons.TRAILING
+        starts_document = text.lstrip(" \t\n\r")[:1] in reasons._DOCUMENT_STARTS
+        return reasons.TRAILING if starts_document else reasons.NOT_JSON
     return reasons.SEVERAL.format(len(values))
 
 

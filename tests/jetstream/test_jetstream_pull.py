@@ -25,6 +25,7 @@ from js_etl.jetstream.errors import (
     BadRequestError,
     ConsumerDeletedError,
     ConsumerNotFoundError,
+    ConsumerUnavailableError,
     PriorityGroupError,
     PullLimitError,
 )
@@ -293,14 +294,17 @@ def test_request_above_consumer_limits_raises_pull_limit_error(js, names, stream
     assert len(js.pull(puller, 2, max_bytes=1000, timeout=5).messages) == 2
 
 
-def test_pull_on_missing_consumer_raises_consumer_not_found(js, names, stream):
+def test_pull_on_missing_consumer_is_unavailable_until_its_info_says_missing(js, names, stream):
     result, elapsed = timed_pull(js, js.puller(stream, "nosuch"), 5, timeout=5)
     assert result.end is PullEnd.ERROR
     assert result.status is not None and result.status.code == 503
     assert result.status.header("Nats-Subject") == f"$JS.API.CONSUMER.MSG.NEXT.{stream}.nosuch"
     assert elapsed < FAST
-    with pytest.raises(ConsumerNotFoundError, match="nosuch"):
+    # The same 503 answers a pull while a consumer's leader is elected: transient.
+    with pytest.raises(ConsumerUnavailableError, match="nosuch"):
         result.raise_for_status()
+    with pytest.raises(ConsumerNotFoundError, match="nosuch"):  # its info confirms it missing
+        js.consumer_info(stream, "nosuch")
 
 
 def test_consumer_deleted_while_a_pull_waits(js, names, stream):

@@ -96,6 +96,8 @@ def test_middle_range_into_an_empty_table_and_a_rerun_inserts_nothing(
     assert {(r.seq, bytes(r.data), r.subject, r.stream) for r in rows.collect()} == {
         (i, b"m%d" % i, f"{names.prefix}.x", names.stream) for i in range(101, 201)}
     assert all(r.published_at is not None for r in rows.select("published_at").collect())
+    # An ephemeral consumer's sequence means nothing in the table: null, as the data source's.
+    assert {r.consumer_seq for r in rows.select("consumer_seq").collect()} == {None}
     assert (report.messages_read, report.messages_written, report.already_present) == (100, 100, 0)
     assert report.requested_range == {"from_seq": 101, "to_seq": 200, "from_time": None,
                                       "to_time": None}

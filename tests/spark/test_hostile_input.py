@@ -55,6 +55,12 @@ PAYLOADS: dict[bytes, str | None] = {
     b"   ": "payload is only whitespace: no JSON value",
     b"\n\t": "payload is only whitespace: no JSON value",
     b"plain text": "payload is not JSON",
+    # Text that starts like a JSON scalar is text too: only what starts like an object or an
+    # array (and breaks) is malformed JSON.
+    b"false alarm": "payload is not JSON",
+    b"7 apples": "payload is not JSON",
+    b'"unterminated': "payload is not JSON",
+    b"[1, 2": "malformed JSON",
     b'{"id": 16': "malformed JSON",
     b"{'id': 17}": "malformed JSON",  # single quotes: Spark's parser takes them by default
     b'{"id": NaN}': "malformed JSON",
