@@ -51,6 +51,8 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         "consumer, 75 try again later (NATS or an executor unavailable, SIGTERM/SIGINT), 1 "
         "anything unexpected")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--verbose", "-v", action="store_true",
+                        help="on a failure, print the whole traceback before the reason line")
     commands = parser.add_subparsers(dest="command", required=True)
 
     def with_config(p: argparse.ArgumentParser) -> None:
@@ -144,14 +146,24 @@ def main(argv: Sequence[str] | None = None, *, spark_submit: bool = False) -> in
         return run_demo(Path(args.config) if args.config else demo_config(),
                         messages=args.messages, keep=args.keep)
     except JsEtlError as e:
+        _traceback_if(args.verbose)
         print(f"js-etl: {type(e).__name__}: {e}", file=sys.stderr)
         return e.exit_code
     except Exception as e:  # a Spark failure wraps our error from the executors; unwrap it
         from js_etl.spark.failures import failure_reason
 
+        _traceback_if(args.verbose)
         reason, exit_code = failure_reason(e)
         print(f"js-etl: {reason}", file=sys.stderr)
         return exit_code
+
+
+def _traceback_if(verbose: bool) -> None:
+    """The whole traceback (a Java stack included) before the reason line, on --verbose."""
+    if verbose:
+        import traceback
+
+        traceback.print_exc(file=sys.stderr)
 
 
 def check_target_paths(config: JobConfig) -> None:

@@ -213,3 +213,15 @@ def test_cheap_mistakes_fail_in_one_line_before_spark_starts(stream_with_message
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith(reason), result.stderr[-2000:]
     assert not (tmp_path / "t").exists()
+
+
+def test_a_failure_is_one_line_and_its_traceback_only_with_verbose(stream_with_messages,
+                                                                   nats_server, tmp_path):
+    names = stream_with_messages
+    args = [*drain_args(names, nats_server, tmp_path / "t"), "--set", "source.stream=NOPE"]
+    quiet = run(JS_ETL, "drain", *args)
+    verbose = run(JS_ETL, "--verbose", "drain", *args)
+    assert quiet.returncode == verbose.returncode == 2
+    assert len(quiet.stderr.strip().splitlines()) == 1
+    assert "Traceback (most recent call last)" in verbose.stderr
+    assert last_line(verbose.stderr) == last_line(quiet.stderr)
