@@ -29,6 +29,7 @@ from js_etl.jetstream.errors import (
     ConsumerNotFoundError,
     StreamNotFoundError,
 )
+from js_etl.jetstream.kv import KeyValue
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 MIN_ACK_WAIT = 15.0  # what a drain with fetch.pull_timeout 5s needs
@@ -244,6 +245,8 @@ def prepare(js: JetStreamSession, command: str) -> None:
     """What a README command expects to exist: the example stream, and for ``edit`` the
     consumer in the state the fix is for (a short ack_wait, or headers only)."""
     fresh_stream(js, "ORDERS")
+    if command.startswith("nats kv"):  # the lease bucket a drain creates
+        js.run(KeyValue(js.conn, command.split()[3]).ensure(ttl=60, replicas=1))
     for line in command.splitlines():
         words = shlex.split(line) if line.startswith("nats consumer edit") else []
         if words:
