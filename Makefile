@@ -42,6 +42,7 @@ test-cluster: setup
 lint: setup
 	$(BIN)/python -m ruff check js_etl tests jobs dags
 	$(BIN)/python -m mypy
+	$(BIN)/lint-imports
 
 # Many randomized fault schedules (tests/support/schedules.py): each prints its seed and verdict, then
 # "N passed, M failed". Replay one: JS_ETL_SCHEDULE_SEED=<seed> $(BIN)/python -m pytest

@@ -41,6 +41,7 @@ from js_etl.config.values import (
     subject_filter,
 )
 from js_etl.errors import ConfigError
+from js_etl.schema import ORIGIN_COLUMNS, schema_field_problem
 
 if TYPE_CHECKING:
     from js_etl.jetstream.options import ConnectionOptions
@@ -266,8 +267,6 @@ class DecodeConfig(_Section):
                     "decode.format to 'json'"
                 )
         if self.format == "json" and self.schema is not None:
-            from js_etl.spark.decode import schema_field_problem
-
             typo = ddl_problem(self.schema)
             if typo:
                 raise ConfigError(typo)
@@ -367,8 +366,6 @@ class JobConfig(_Section):
         # A partition expression whose name the table already has is not added (the existing
         # column wins): `to_date(published_at) AS date` next to a JSON field `date` put every row
         # into __HIVE_DEFAULT_PARTITION__. Refused here, before anything is fetched.
-        from js_etl.spark.decode import ORIGIN_COLUMNS
-
         columns = list(ORIGIN_COLUMNS)
         if self.decode.format == "json":
             columns += ddl_field_names(self.decode.schema or "") or []

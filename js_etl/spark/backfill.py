@@ -83,9 +83,9 @@ from js_etl.jetstream import (
 from js_etl.jetstream.admin import first_message_at_or_after as first_message_at_or_after
 from js_etl.jetstream.errors import ConsumerNotFoundError
 from js_etl.report import RunReport, StopReason
+from js_etl.schema import RAW_DDL
 from js_etl.spark.decode import Decoder, with_partition_columns
 from js_etl.spark.delta import CommitTag, DeltaTarget, job_tables, merge_new_rows, same_table
-from js_etl.spark.fetch import RAW_DDL
 from js_etl.spark.read_range import (
     RangeFetchPlan,
     RangeRequest,

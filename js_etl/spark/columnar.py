@@ -21,29 +21,30 @@ What the rest of the round relies on, and why it still holds:
 * **A failed task attempt's files are never committed.** Only files named in the collected
   output are committed, and a failed attempt's output is not in it. Its files stay in the table
   directory unreferenced, as a failed Spark write task's do, until a VACUUM removes them.
-* **Dead letters travel as files, not through the task output.** A task writes its dead
-  letters (payload, headers and reason) to one Parquet file of :data:`DEAD_LETTER_SCHEMA`, named
-  with the task's file prefix. A round may hold up to ``partitions x fetch.partition_max_bytes``
-  of them: a collect would put all of it on the driver's JVM heap and against
-  ``spark.driver.maxResultSize``, and ``deltalake``'s own writer held about 4x the bytes it
-  wrote (measured: a peak of 1,240 MiB for 256 MiB, /work/scratch/s21/dl_mem.py). Where the
-  dead-letter table takes the files as they are (:attr:`ColumnarPlan.dead_letter_directory`: the
-  rules :func:`table_problem` checks for the rows' table) the file is written there, with
-  statistics, and committed like the rows; else it is written at the rows' table's top level and
-  Spark's append reads it (the dead-letter table has a rule on rows, or is a catalog table still
-  to create). A file not committed as it is is removed at the end of the round (a process that
-  dies first leaves it unreferenced, as a failed attempt's files, until a VACUUM).
-* **The files are immutable.** A round the fast commit cannot take as it is — a sequence fetched
-  twice, or one a table already holds — reads its files back with Spark and goes through the Spark
-  writer with the usual dedupe and anti-join, so every rule of the round applies to both paths.
-* **The same commit.** The files are committed with the same application transaction
-  (``txnAppId`` = job, ``txnVersion`` = round) and the same ``userMetadata`` tag as a Spark
-  append, by the ``deltalake`` package (Delta's Rust implementation) on the driver, with
-  statistics on ``seq`` so that :func:`js_etl.spark.delta.range_keys` skips the files of
-  other rounds. Measured with delta-spark 4.4.0 and deltalake 1.6.6 (tests/spark/
-  test_columnar.py pins each): Spark's snapshot reports the round from that ``txn`` action, the
-  history shows the tag, and a range outside a file's ``seq`` statistics plans no file.
-* **Acks still come from reading the tables back** (their snapshots), never from the task output.
+* **Dead letters travel as files, not through the task output.** A task writes its dead letters
+  (payload, headers and reason) to one Parquet file of the dead-letter columns
+  (:data:`js_etl.schema.DEAD_LETTER`), named with the task's file prefix. A round may hold up to
+  ``partitions x fetch.partition_max_bytes`` of them: a collect would put all of it on the
+  driver's JVM heap and against ``spark.driver.maxResultSize``, and ``deltalake``'s own writer
+  held about 4x the bytes it wrote (measured: a peak of 1,240 MiB for 256 MiB,
+  /work/scratch/s21/dl_mem.py). Where the dead-letter table takes the files as they are
+  (:attr:`ColumnarPlan.dead_letter_directory`: the rules :func:`table_problem` checks for the
+  rows' table) the file is written there, with statistics, and committed like the rows; else it
+  is written at the rows' table's top level and Spark's append reads it (the dead-letter table
+  has a rule on rows, or is a catalog table still to create). A file not committed as it is is
+  removed at the end of the round (a process that dies first leaves it unreferenced, as a failed
+  attempt's files, until a VACUUM). * **The files are immutable.** A round the fast commit
+  cannot take as it is — a sequence fetched twice, or one a table already holds — reads its
+  files back with Spark and goes through the Spark writer with the usual dedupe and anti-join,
+  so every rule of the round applies to both paths. * **The same commit.** The files are
+  committed with the same application transaction (``txnAppId`` = job, ``txnVersion`` = round)
+  and the same ``userMetadata`` tag as a Spark append, by the ``deltalake`` package (Delta's
+  Rust implementation) on the driver, with statistics on ``seq`` so that
+  :func:`js_etl.spark.delta.range_keys` skips the files of other rounds. Measured with
+  delta-spark 4.4.0 and deltalake 1.6.6 (tests/spark/ test_columnar.py pins each): Spark's
+  snapshot reports the round from that ``txn`` action, the history shows the tag, and a range
+  outside a file's ``seq`` statistics plans no file. * **Acks still come from reading the tables
+  back** (their snapshots), never from the task output.
 
 It is chosen when the round is planned (:func:`columnar_plan`) only where it writes what the
 Spark writer would: JSON payloads whose schema the batch decoder covers
@@ -66,7 +67,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from js_etl.faults import fail_first_attempt
-from js_etl.spark.decode import DEAD_LETTER_COLUMNS, PAYLOAD_BYTES
+from js_etl.schema import (
+    ACK_KEY_COLUMNS,
+    DEAD_LETTER,
+    ORIGIN_COLUMNS,
+    RAW_DDL,
+    ddl,
+    dead_letter_arrow,
+)
 from js_etl.spark.fetch import FetchPlan, fetch_partition
 
 if TYPE_CHECKING:
@@ -76,13 +84,6 @@ if TYPE_CHECKING:
     from js_etl.config import DecodeConfig, JobConfig
     from js_etl.spark.delta import TableShape
 
-# The rows of a round as the Spark writer's path takes them (Drain._commit_spark): the
-# dead-letter columns (decode.DEAD_LETTER_COLUMNS) and the payload's bytes: a columnar round the
-# fast commit cannot take becomes these rows.
-ROUND_DDL = ("seq BIGINT, stream STRING, subject STRING, consumer_seq BIGINT, "
-             "num_delivered BIGINT, published_at TIMESTAMP, "
-             "headers MAP<STRING, ARRAY<STRING>>, data BINARY, error STRING, "
-             "_js_etl_payload_bytes BIGINT")
 KEY_SCHEMA = pa.schema([("seq", pa.int64()), ("consumer_seq", pa.int64()),
                         ("num_delivered", pa.int64()), ("dead", pa.bool_()),
                         ("bytes", pa.int64())])
@@ -338,9 +339,6 @@ def row_schema(config: JobConfig) -> tuple[StructType, list[str]]:
     writer never runs: that analysis cost a run 0.35 JVM CPU-seconds (measured, issue 14)."""
     from pyspark.sql.types import DateType, StructField, StructType, _parse_datatype_string
 
-    from js_etl.spark.decode import ORIGIN_COLUMNS
-    from js_etl.spark.fetch import RAW_DDL
-
     raw = _parse_datatype_string(RAW_DDL)
     assert isinstance(raw, StructType)
     payload = _payload_type(config.decode)
@@ -392,13 +390,12 @@ def create_table(directory: str, rows: StructType, partition_columns: list[str])
 
 
 def dead_letter_schema() -> StructType:
-    """The dead-letter table's schema (decode.DEAD_LETTER_COLUMNS, Spark's types): ROUND_DDL
-    without the payload's byte count; :data:`DEAD_LETTER_SCHEMA` in Spark's types."""
+    """The dead-letter table's schema (:data:`js_etl.schema.DEAD_LETTER`) in Spark's types."""
     from pyspark.sql.types import StructType, _parse_datatype_string
 
-    schema = _parse_datatype_string(ROUND_DDL)
+    schema = _parse_datatype_string(ddl(DEAD_LETTER))
     assert isinstance(schema, StructType)
-    return StructType([schema[name] for name in DEAD_LETTER_COLUMNS])
+    return schema
 
 
 def table_keys(directory: str, stream: str, first: int, last: int) -> pa.Table | None:
@@ -414,7 +411,7 @@ def table_keys(directory: str, stream: str, first: int, last: int) -> pa.Table |
     from deltalake import DeltaTable
 
     from js_etl.errors import TransientError
-    from js_etl.spark.delta import ACK_KEY_COLUMNS, LocalView
+    from js_etl.spark.delta import LocalView
 
     table = DeltaTable(directory)
     protocol = table.protocol()
@@ -513,13 +510,13 @@ def _key_blob(decoded: pa.RecordBatch, dead: pa.Array, payloads: pa.Array) -> by
 
 def _dead_letters(decoded: pa.RecordBatch, error: pa.Array, payloads: pa.Array
                   ) -> pa.RecordBatch:
-    columns = {name: decoded.column(name) for name in DEAD_LETTER_SCHEMA.names
+    columns = {name: decoded.column(name) for name in dead_letter_arrow().names
                if name in decoded.schema.names}
     columns.update({"data": payloads, "error": error})
     n = decoded.num_rows
     return pa.RecordBatch.from_arrays(
-        [columns.get(f.name, pa.nulls(n, f.type)) for f in DEAD_LETTER_SCHEMA],
-        schema=DEAD_LETTER_SCHEMA)
+        [columns.get(f.name, pa.nulls(n, f.type)) for f in dead_letter_arrow()],
+        schema=dead_letter_arrow())
 
 
 class _TaskFiles:
@@ -559,7 +556,7 @@ class _TaskFiles:
         if self._dead is None:
             self._dead = _OpenFile(self._plan.dead_letter_files,
                                    f"{self._name}-dead-letters-{uuid.uuid4().hex}.snappy.parquet",
-                                   {}, DEAD_LETTER_SCHEMA)
+                                   {}, dead_letter_arrow())
         self._dead.hold(rows)
         self._dead.flush()
 
@@ -699,19 +696,3 @@ class _Stats:
             minimum.pop("stream"), maximum.pop("stream")
         return json.dumps({"numRecords": self.rows, "minValues": minimum, "maxValues": maximum,
                            "nullCount": self.nulls}, separators=(",", ":"))
-
-
-def _round_schema() -> pa.Schema:
-    from js_etl.spark.fetch import ARROW_SCHEMA
-
-    origin = {f.name: f.type for f in ARROW_SCHEMA}
-    return pa.schema([
-        ("seq", pa.int64()), ("stream", pa.string()), ("subject", pa.string()),
-        ("consumer_seq", pa.int64()), ("num_delivered", pa.int64()),
-        ("published_at", origin["published_at"]), ("headers", origin["headers"]),
-        ("data", pa.binary()), ("error", pa.string()), (PAYLOAD_BYTES, pa.int64())])
-
-
-ROUND_SCHEMA = _round_schema()  # ROUND_DDL in Arrow
-# A task's dead-letter file: the dead-letter table's columns (decode.DEAD_LETTER_COLUMNS).
-DEAD_LETTER_SCHEMA = pa.schema([ROUND_SCHEMA.field(name) for name in DEAD_LETTER_COLUMNS])

@@ -11,6 +11,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from js_etl.errors import ConfigError
+from js_etl.schema import (
+    CORRUPT,
+    DEAD_LETTER_COLUMNS,
+    FIRST,
+    KEYS,
+    ORIGIN_COLUMNS,
+    PAYLOAD_BYTES,
+    VALUES,
+    schema_field_problem,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -18,18 +28,6 @@ if TYPE_CHECKING:
 Format = Literal["raw", "text", "json"]
 UnknownFields = Literal["ignore", "dead_letter"]
 
-ORIGIN_COLUMNS = ("subject", "stream", "seq", "consumer_seq", "num_delivered", "published_at",
-                  "headers")
-DEAD_LETTER_COLUMNS = ("seq", "stream", "subject", "consumer_seq", "num_delivered",
-                       "published_at", "headers", "data", "error")
-_CORRUPT = "_js_etl_corrupt"
-_VALUES = "_js_etl_values"  # json: how many JSON values the payload holds (null: not JSON)
-_KEYS = "_js_etl_keys"  # json, unknown_fields dead_letter: the payload object's top-level keys
-_FIRST = "_js_etl_first"  # json: the payload's first non-whitespace character
-PAYLOAD_BYTES = "_js_etl_payload_bytes"  # in `flagged` only: the round's byte count
-# Column names js-etl writes itself; a JSON field may not take one, in any letter case (Spark
-# and Delta resolve column names case-insensitively).
-RESERVED_COLUMNS = (*ORIGIN_COLUMNS, "data", "text")
 
 # Dead-letter reasons (``error``) of the json format. The first four are kept from before.
 NOT_UTF8 = "payload is not valid UTF-8"
@@ -116,7 +114,7 @@ class Decoder:
             ).otherwise(error)
         flagged = flagged.withColumn("error", error).withColumn(PAYLOAD_BYTES, F.length("data"))
         if self.fmt == "json":
-            flagged = flagged.drop(_VALUES, _KEYS, _FIRST)
+            flagged = flagged.drop(VALUES, KEYS, FIRST)
             if not self.keep_raw:
                 # Good rows need only their parsed fields: keeping the raw payload for dead
                 # letters only halves what a round holds.
@@ -137,17 +135,17 @@ class Decoder:
         the payload's ``]``) instead of one element more, which gives it away. That second
         parse runs only for payloads holding a ``]``.
 
-        What several branches test is a column computed once (``_VALUES``, ``_FIRST``,
-        ``_KEYS``): Spark evaluates an expression again in every CASE WHEN branch that names it.
+        What several branches test is a column computed once (``VALUES``, ``FIRST``,
+        ``KEYS``): Spark evaluates an expression again in every CASE WHEN branch that names it.
         """
         from pyspark.sql import functions as F
 
         text = F.col("data").cast("string")
         names = F.array(*[F.lit(name) for name in self.fields])
-        parsed = F.from_json(text, f"{self.schema_ddl}, {_CORRUPT} STRING",
-                             {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT,
+        parsed = F.from_json(text, f"{self.schema_ddl}, {CORRUPT} STRING",
+                             {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT,
                               **_STRICT})
-        values, first = F.col(_VALUES), F.col(_FIRST)
+        values, first = F.col(VALUES), F.col(FIRST)
         # contains, not instr: instr counts characters as it scans (measured: 100k x 4 KiB
         # payloads took 1.4 s longer with instr).
         closes_early = text.contains("]") & (F.coalesce(F.json_array_length(
@@ -155,7 +153,7 @@ class Decoder:
         head = F.substring(text, 1, 1)
         scalar = (F.when(first == '"', F.lit("string")).when(first.isin("t", "f"), "boolean")
                   .when(first == "n", "null").otherwise("number"))
-        corrupt = F.col("_json").getField(_CORRUPT).isNotNull()
+        corrupt = F.col("_json").getField(CORRUPT).isNotNull()
         # Is the payload JSON at all (any object), under the same strict rules?
         strictly_json = F.from_json(text, "MAP<STRING, STRING>", _STRICT).isNotNull()
         error = (F.when(~F.col("data_is_utf8"), F.lit(NOT_UTF8))
@@ -174,9 +172,9 @@ class Decoder:
                  .when(corrupt, F.lit(f"JSON does not match decode.schema ({self.schema_ddl})")))
         flagged = raw.withColumns({
             "_json": parsed,
-            _VALUES: F.json_array_length(F.concat(F.lit("["), text, F.lit("]"))),
+            VALUES: F.json_array_length(F.concat(F.lit("["), text, F.lit("]"))),
             # The payload's first character that is not JSON whitespace.
-            _FIRST: F.when(head.isin(*_JSON_WHITESPACE),
+            FIRST: F.when(head.isin(*_JSON_WHITESPACE),
                            F.regexp_extract(text, r"^[ \t\n\r]*(.)", 1)).otherwise(head)})
         if not self.keep_raw:
             # Nothing of such a payload would land anywhere: the schema names none of its
@@ -189,8 +187,8 @@ class Decoder:
                 all_null & (F.size(keys) > 0) & (F.size(F.array_intersect(keys, names)) == 0),
                 _filled(NO_FIELD, F.array_join(F.slice(keys, 1, 10), ", ")))
         if self.unknown_fields == "dead_letter":
-            flagged = flagged.withColumn(_KEYS, F.json_object_keys(text))
-            keys = F.col(_KEYS)
+            flagged = flagged.withColumn(KEYS, F.json_object_keys(text))
+            keys = F.col(KEYS)
             unknown = F.array_except(keys, names)
             error = (error
                      .when(F.size(unknown) > 0, F.concat(
@@ -247,23 +245,6 @@ def json_fields(schema_ddl: str) -> list[str]:
     if problem:
         raise ConfigError(problem)
     return names
-
-
-def schema_field_problem(names: list[str]) -> str | None:
-    """Why these JSON field names cannot be columns next to js-etl's own, or None."""
-    reserved = {c.lower(): c for c in (*RESERVED_COLUMNS, _CORRUPT, _VALUES, _KEYS, _FIRST)}
-    clash = sorted({f"{n} (js-etl's {reserved[n.lower()]})" for n in names
-                    if n.lower() in reserved})
-    if clash:
-        return (f"decode.schema field(s) {', '.join(clash)} clash with js-etl's own columns "
-                "(names are compared ignoring case); rename them in the schema")
-    seen: dict[str, str] = {}
-    for name in names:
-        if name.lower() in seen:
-            return (f"decode.schema fields {seen[name.lower()]!r} and {name!r} differ only in "
-                    "case; Spark and Delta would take them for one column: rename one")
-        seen[name.lower()] = name
-    return None
 
 
 def _first_line(error: BaseException) -> str:

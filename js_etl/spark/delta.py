@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import unquote
 
 from js_etl.errors import TerminalError, TransientError
+from js_etl.schema import ACK_KEY_COLUMNS, REQUIRED_COLUMNS
 from js_etl.spark.session import hadoop_path, java_class
 
 if TYPE_CHECKING:
@@ -50,11 +51,6 @@ log = logging.getLogger("js_etl.delta")
 EVERY_SEQ = 2**63 - 1  # the highest stream sequence: "up to the end"
 MERGE_ATTEMPTS = 5  # a MERGE that loses to concurrent commits this often fails transiently
 
-ACK_KEY_COLUMNS = ("seq", "num_delivered", "consumer_seq")
-# Columns every table js-etl writes carries, with their Spark types: the fence and the acks
-# read them by name, so a table without them is refused before anything is fetched.
-REQUIRED_COLUMNS = {"stream": "string", "seq": "bigint", "consumer_seq": "bigint",
-                    "num_delivered": "bigint"}
 
 
 @dataclass(frozen=True, slots=True)

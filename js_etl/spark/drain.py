@@ -92,9 +92,10 @@ from js_etl.jetstream import (
 )
 from js_etl.jetstream.ack import ACK, AckBlock, ack_block, nak_body, term_body
 from js_etl.report import LogProgress, Progress, RunReport, StopReason
+from js_etl.schema import PAYLOAD_BYTES, RAW_DDL, ROUND_DDL, round_arrow
 from js_etl.spark import columnar
 from js_etl.spark.columnar import ColumnarPlan, RoundOutput, WrittenFile, fetch_decode_write
-from js_etl.spark.decode import PAYLOAD_BYTES, Decoder, with_partition_columns
+from js_etl.spark.decode import Decoder, with_partition_columns
 from js_etl.spark.delta import (
     CommitTag,
     DeltaTarget,
@@ -106,7 +107,7 @@ from js_etl.spark.delta import (
     schema_problem,
 )
 from js_etl.spark.failures import is_transient
-from js_etl.spark.fetch import RAW_DDL, FetchPlan, fetch_partition
+from js_etl.spark.fetch import FetchPlan, fetch_partition
 from js_etl.spark.lock import TableLock
 from js_etl.spark.rounds import (
     RoundSize,
@@ -802,12 +803,12 @@ class Drain:
         keys = fetched.keys
         good = keys.filter(pc.invert(keys.column("dead")))
         n = good.num_rows
-        schema = columnar.ROUND_SCHEMA
+        schema = round_arrow()
         given = {"seq": good.column("seq"), "consumer_seq": good.column("consumer_seq"),
                  "num_delivered": good.column("num_delivered"),
                  PAYLOAD_BYTES: good.column("bytes")}
         rows = pa.table([given.get(f.name, pa.nulls(n, f.type)) for f in schema], schema=schema)
-        return self.spark.createDataFrame(rows, columnar.ROUND_DDL).unionByName(
+        return self.spark.createDataFrame(rows, ROUND_DDL).unionByName(
             self._read_dead_letters(fetched))
 
     def _check_files(self, fetched: RoundOutput, stats: RoundStats) -> None:
@@ -838,7 +839,7 @@ class Drain:
 
         assert self.columnar is not None
         if not fetched.dead_letters:
-            return self.spark.createDataFrame([], columnar.ROUND_DDL)
+            return self.spark.createDataFrame([], ROUND_DDL)
         return self._read_files(fetched.dead_letters, columnar.dead_letter_schema(),
                                 self.columnar.dead_letter_files
                                 ).withColumn(PAYLOAD_BYTES, F.length("data"))

@@ -2,9 +2,9 @@
 from the durable consumer until its budget is spent or the consumer has nothing more, emitting
 Arrow record batches (``mapInArrow``), one per pull, with no per-row Spark conversion.
 
-Also the raw row both readers emit (:data:`RAW_DDL`, :func:`to_record_batch`; the backfill's
-range reader is :mod:`js_etl.spark.read_range`), and the job settings that fix a failed pull
-(:func:`raise_for_pull`).
+Also the raw row both readers emit (:data:`js_etl.schema.RAW`, :func:`to_record_batch`; the
+backfill's range reader is :mod:`js_etl.spark.read_range`), and the job settings that fix a
+failed pull (:func:`raise_for_pull`).
 
 Nothing here acks: acks come from what a Delta commit holds (see :mod:`js_etl.spark.drain`).
 """
@@ -36,24 +36,8 @@ from js_etl.jetstream.subjects import (
     parse_ack_columns,
     prefix_stream,
 )
+from js_etl.schema import raw_arrow
 
-# The raw row as fetched; decoding happens on the JVM afterwards (see decode.py), except the
-# UTF-8 check: Arrow validates a whole batch at memory speed, where the JVM's is_valid_utf8 was
-# an eighth of a round's JVM time at 4 KiB messages (profiled).
-RAW_DDL = ("subject STRING, stream STRING, seq BIGINT, consumer_seq BIGINT, num_delivered BIGINT, "
-           "published_at TIMESTAMP, headers MAP<STRING, ARRAY<STRING>>, data BINARY, "
-           "data_is_utf8 BOOLEAN")
-ARROW_SCHEMA = pa.schema([
-    ("subject", pa.string()),
-    ("stream", pa.string()),
-    ("seq", pa.int64()),
-    ("consumer_seq", pa.int64()),
-    ("num_delivered", pa.int64()),
-    ("published_at", pa.timestamp("us", tz="UTC")),
-    ("headers", pa.map_(pa.string(), pa.list_(pa.string()))),
-    ("data", pa.binary()),
-    ("data_is_utf8", pa.bool_()),
-])
 # Transport headers the server adds for its own protocol, not part of the message.
 _TRANSPORT_HEADERS = ("Nats-Pin-Id",)
 
@@ -258,10 +242,10 @@ def to_record_batch(messages: Deliveries, ack_prefix: str) -> pa.RecordBatch:
         acks.consumer_seq,
         acks.num_delivered,
         pc.divide(acks.timestamp_ns, 1000).cast(pa.timestamp("us", tz="UTC")),
-        pa.array(headers, ARROW_SCHEMA.field("headers").type),
+        pa.array(headers, raw_arrow().field("headers").type),
         data,
         _utf8_flags(data),
-    ], schema=ARROW_SCHEMA)
+    ], schema=raw_arrow())
 
 
 def binary_array(values: list[bytes]) -> pa.Array:

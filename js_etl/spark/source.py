@@ -51,7 +51,7 @@ from js_etl.faults import fail_first_attempt
 from js_etl.instant import format_instant, parse_instant
 from js_etl.jetstream import ConnectionOptions, JetStreamSession
 from js_etl.jetstream.admin import first_message_at_or_after
-from js_etl.spark.decode import ORIGIN_COLUMNS
+from js_etl.schema import ORIGIN_COLUMNS, ORIGIN_DDL
 from js_etl.spark.read_range import (
     RangeFetchPlan,
     Spelling,
@@ -103,8 +103,6 @@ def register(spark: SparkSession) -> None:
 
 
 # --- schema ---------------------------------------------------------------------------------
-ORIGIN_DDL = ("subject STRING, stream STRING, seq BIGINT, consumer_seq BIGINT, "
-              "num_delivered BIGINT, published_at TIMESTAMP, headers MAP<STRING, ARRAY<STRING>>")
 
 
 def schema_ddl(decode: DecodeConfig) -> str:

@@ -52,7 +52,7 @@ _BRACKETS_OUTSIDE_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 
 @dataclass(frozen=True)
 class BatchDecoder:
-    """Raw fetched batch (:data:`js_etl.spark.fetch.ARROW_SCHEMA`) -> the source's columns."""
+    """Raw fetched batch (:data:`js_etl.schema.RAW`) -> the source's columns."""
 
     decode: DecodeConfig
     spark_type: Any = None  # json: the schema's StructType

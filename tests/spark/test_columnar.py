@@ -636,8 +636,8 @@ def test_a_column_invariant_chooses_spark_which_enforces_it(spark, js, names, na
     enforces and the columnar one would not (a break-it review)."""
     from pyspark.sql.types import StructField, StructType
 
+    from js_etl.schema import RAW_DDL
     from js_etl.spark.decode import Decoder
-    from js_etl.spark.fetch import RAW_DDL
 
     messages, _, _ = events(names, 20)
     setup_stream(js, names, messages)

@@ -32,11 +32,11 @@ from js_etl.errors import RunRefusedError, TerminalError
 from js_etl.jetstream import ConsumerConfig
 from js_etl.jetstream.errors import ConsumerConfigError, ConsumerUnavailableError
 from js_etl.jetstream.kv import KeyValue
+from js_etl.schema import RAW_DDL
 from js_etl.spark import drain as drain_module
 from js_etl.spark import lock as lock_module
 from js_etl.spark.delta import CommitTag, DeltaTarget
 from js_etl.spark.drain import run_drain
-from js_etl.spark.fetch import RAW_DDL
 from js_etl.spark.lock import TableLock
 from js_etl.spark.rounds import RoundStats
 

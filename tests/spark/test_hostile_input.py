@@ -80,7 +80,7 @@ PAYLOADS: dict[bytes, str | None] = {
 
 def fetched_rows(spark: Any, payloads: list[bytes]) -> Any:
     """A DataFrame shaped like a fetched round (RAW_DDL), one row per payload, seq = index."""
-    from js_etl.spark.fetch import RAW_DDL
+    from js_etl.schema import RAW_DDL
 
     rows = []
     for i, payload in enumerate(payloads, start=1):

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from js_etl.spark.delta import ACK_KEY_COLUMNS, DeltaTarget, range_keys
+from js_etl.schema import ACK_KEY_COLUMNS
+from js_etl.spark.delta import DeltaTarget, range_keys
 
 STREAM = "S"
 

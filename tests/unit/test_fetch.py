@@ -8,7 +8,8 @@ import pytest
 
 from js_etl.errors import TerminalError
 from js_etl.jetstream import Deliveries, JsMessage
-from js_etl.spark.fetch import ARROW_SCHEMA, binary_array, to_record_batch
+from js_etl.schema import raw_arrow
+from js_etl.spark.fetch import binary_array, to_record_batch
 
 PREFIX = "$JS.ACK.ORDERS.drain"
 
@@ -24,7 +25,7 @@ def test_batch_columns_come_from_the_ack_subject_and_the_frame():
         message(1, b'{"a":1}', b"NATS/1.0\r\nK: 1\r\nK: 2\r\n\r\n"),
         message(2, b"", delivered=3)]), PREFIX)
 
-    assert batch.schema == ARROW_SCHEMA
+    assert batch.schema == raw_arrow()
     rows = batch.to_pylist()
     assert [(r["subject"], r["stream"], r["seq"], r["consumer_seq"], r["num_delivered"])
             for r in rows] == [("orders.1", "ORDERS", 1, 101, 1), ("orders.2", "ORDERS", 2, 102, 3)]

@@ -299,8 +299,8 @@ def test_whenever_the_batch_path_answers_it_answers_what_the_decoder_does(
 # --- the data source's decoder: the same record batch whichever path decodes it -------------
 def test_the_data_sources_batches_are_the_same_whichever_path_decodes_them(
         spark_schema, monkeypatch):
+    from js_etl.schema import raw_arrow
     from js_etl.spark import source_decode
-    from js_etl.spark.fetch import ARROW_SCHEMA
 
     payloads = [b'{"id":%d,"kind":"k\\u00e9%d","d":%d.5,"ok":true,"x":{"y":[1]}}' % (i, i, i)
                 for i in range(50)]
@@ -310,7 +310,7 @@ def test_the_data_sources_batches_are_the_same_whichever_path_decodes_them(
         [pa.array(["s"] * n), pa.array(["S"] * n), pa.array(range(1, n + 1), pa.int64()),
          pa.array(range(1, n + 1), pa.int64()), pa.array([1] * n, pa.int64()),
          pa.array([0] * n, pa.timestamp("us", tz="UTC")),
-         pa.nulls(n, ARROW_SCHEMA.field("headers").type), data, utf8], schema=ARROW_SCHEMA)
+         pa.nulls(n, raw_arrow().field("headers").type), data, utf8], schema=raw_arrow())
     taken = []
 
     def spy(*args, **kw):

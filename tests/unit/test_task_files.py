@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from js_etl.config import load_config
+from js_etl.schema import dead_letter_arrow
 from js_etl.spark import columnar
 from js_etl.spark.columnar import ColumnarPlan, PartitionColumn
 
@@ -149,8 +150,8 @@ def dead_letters(first: int, n: int) -> pa.RecordBatch:
              "data": pa.array([b"\xff not json"] * n, pa.binary()),
              "error": pa.array(["not JSON"] * n)}
     return pa.RecordBatch.from_arrays(
-        [given.get(f.name, pa.nulls(n, f.type)) for f in columnar.DEAD_LETTER_SCHEMA],
-        schema=columnar.DEAD_LETTER_SCHEMA)
+        [given.get(f.name, pa.nulls(n, f.type)) for f in dead_letter_arrow()],
+        schema=dead_letter_arrow())
 
 
 @pytest.mark.parametrize("in_dead_letter_table", [False, True])
@@ -171,7 +172,7 @@ def test_a_tasks_dead_letters_go_to_one_file_of_their_own_written_as_they_come(
     assert [f.rows for f in written] == [20] and dead is not None and dead.rows == 5
     assert dead.path.startswith("part-run-r1-t0-dead-letters-") and dead.partition_values == {}
     table = pq.read_table(directory / dead.path)
-    assert table.schema == columnar.DEAD_LETTER_SCHEMA
+    assert table.schema == dead_letter_arrow()
     stats = json.loads(dead.stats)
     assert (stats["numRecords"], stats["minValues"]["seq"], stats["maxValues"]["seq"]) == (5, 11,
                                                                                          25)

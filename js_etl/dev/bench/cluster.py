@@ -53,7 +53,8 @@ def submit_command(master: str, n: int, job_args: Sequence[str],
     """The README's spark-submit of the drain job: on a standalone cluster (``env_archive``
     given: client mode, the packed environment for the executors, ``spark.cores.max=n``) or on
     ``local[n]`` (this venv's Python everywhere)."""
-    import js_etl.jobs.drain as drain_job
+    from importlib.util import find_spec
+
     from js_etl.dev.spark_cluster import SPARK_SUBMIT
     from js_etl.spark.jars import delta_jars
 
@@ -71,7 +72,10 @@ def submit_command(master: str, n: int, job_args: Sequence[str],
             "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1"]
     for conf in SMALL_TABLE_CONF:
         cmd += ["--conf", conf]
-    return [*cmd, drain_job.__file__, *job_args]
+    # The job's file, found without importing it (the tooling sits below the entry points).
+    job = find_spec("js_etl.jobs.drain")
+    assert job is not None and job.origin is not None
+    return [*cmd, job.origin, *job_args]
 
 
 class ClusterBench:
