@@ -132,10 +132,10 @@ def names() -> Names:
 # log jobs build them for its wide action schema in every task) interpreted instead of generated:
 # the session's JVM spent 53 % of its CPU samples in code generation — 20 % in
 # CodeFormatter's comment-stripping regexes — which runs before Spark's code cache is consulted,
-# so again in every task (JFR over tests/spark/test_exactly_once.py, /work/scratch/s23/jfr).
+# so again in every task (JFR over tests/spark/test_exactly_once.py).
 # That file alone: 181.8 CPU-s of the box with code generation, 149.1 without it (149.5 and
-# 161.8 with whole-stage code generation off too: no better; /work/scratch/s23/kindcpu.py, one
-# pytest process). The suite is CPU-bound (the box 92 % busy over a two-worker run). Only speed
+# 161.8 with whole-stage code generation off too: no better; one pytest process). The suite is
+# CPU-bound (the box 92 % busy over a two-worker run). Only speed
 # changes: Spark evaluates the same expressions either way (its own suites run both modes), and
 # whole-stage code generation stays on. Every spark-submit and `js-etl drain` the tests start
 # (the CLI, Airflow, cluster, demo and JVM tests) keeps Spark's default.

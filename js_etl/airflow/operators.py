@@ -414,7 +414,8 @@ class JetStreamToDeltaOperator(BaseOperator):
                 f"the Spark connection {self.spark_conn_id!r} or spark_submit_kwargs ask for "
                 "cluster")
         if hook.master.startswith("local") and "PYSPARK_PYTHON" not in {**os.environ, **user_env}:
-            # Driver and workers run this interpreter, which has js_etl (facts: case E).
+            # Driver and workers run this interpreter, which has js_etl
+            # (docs/reference/spark-airflow-facts.md §3, case E).
             hook._process_env["PYSPARK_PYTHON"] = sys.executable
         return hook
 

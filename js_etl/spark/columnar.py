@@ -12,7 +12,7 @@ letters to files, and their output (:class:`TaskOutput`: one blob of keys per pu
 per file) is collected on the driver, which is the only read of it. Not a DataFrame's
 ``mapInArrow``: nothing of the output needs Spark SQL, and planning and converting it cost the JVM
 about twice a plain RDD job's CPU (a two-task job collecting 3 MB of blobs, warm ``local[2]``:
-118-210 ms against 61-69 ms; /work/scratch/s22/jvm_blob.py, issue 14). So the fetch runs exactly
+118-210 ms against 61-69 ms). So the fetch runs exactly
 once without the Spark writer's eager local checkpoint (:mod:`js_etl.spark.drain`), which cost a
 second Spark job a round (js-etl bench --legs js_etl, three alternating runs each, 1M x 256 B in 5
 rounds: the write phase took 0.64-0.69 s with the checkpoint and its collect, 0.19-0.24 s without).
@@ -26,8 +26,8 @@ What the rest of the round relies on, and why it still holds:
   (:data:`js_etl.schema.DEAD_LETTER`), named with the task's file prefix. A round may hold up to
   ``partitions x fetch.partition_max_bytes`` of them: a collect would put all of it on the
   driver's JVM heap and against ``spark.driver.maxResultSize``, and ``deltalake``'s own writer
-  held about 4x the bytes it wrote (measured: a peak of 1,240 MiB for 256 MiB,
-  /work/scratch/s21/dl_mem.py). Where the dead-letter table takes the files as they are
+  held about 4x the bytes it wrote (measured: a peak of 1,240 MiB for 256 MiB). Where the
+  dead-letter table takes the files as they are
   (:attr:`ColumnarPlan.dead_letter_directory`: the rules :func:`table_problem` checks for the
   rows' table) the file is written there, with statistics, and committed like the rows; else it
   is written at the rows' table's top level and Spark's append reads it (the dead-letter table
@@ -379,8 +379,8 @@ def create_table(directory: str, rows: StructType, partition_columns: list[str])
     committing at the next one, and a lost CREATE became a second commit that replaced the
     table's id, schema and partitioning (a break-it review: two processes creating one table,
     24 of 40 races). Without retries the loser's commit fails, because the local file system
-    writes a version's log file only where none is (measured, deltalake 1.6.6:
-    /work/scratch/s13/race_create.py, 0 of 540 races with two commits, against 38 of 40 with
+    writes a version's log file only where none is (measured, deltalake 1.6.6: 0 of 540 races
+    with two commits, against 38 of 40 with
     mode="error" and the default retries; tests/unit/test_create_table.py races two creates)."""
     from deltalake import CommitProperties, DeltaTable, Schema
 

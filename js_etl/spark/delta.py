@@ -151,8 +151,8 @@ class DeltaTarget:
                         "point target.path at an empty or new directory, or at a Delta table")
             return
         # deltalake's schema where it reads the table: Spark's read resolves the table and
-        # loads its snapshot, 0.15 s of a 1.9 s one-round columnar run (cProfile,
-        # /work/scratch/s20/round_jobs_prof.py) that nothing else of such a run needs.
+        # loads its snapshot, 0.15 s of a 1.9 s one-round columnar run (cProfile) that nothing
+        # else of such a run needs.
         schema = view.spark_schema() if view is not None else self.read(spark).schema
         types = {f.name.lower(): f.dataType.simpleString() for f in schema.fields}
         wrong = [f"{name} {kind}" for name, kind in REQUIRED_COLUMNS.items()
@@ -522,8 +522,8 @@ def range_keys(spark: SparkSession, table: DeltaTarget, stream: str, first: int,
     column), else through Delta by Spark, which plans the scan with Delta's data skipping
     (``inputFiles``) and reads. Either way the files are chosen by their ``seq`` statistics, so
     a round's range that no file holds yet, the common case, costs no Spark job. Measured on a
-    warm ``local[2]`` session, 100-message rounds, cProfile (/work/scratch/s20/
-    round_jobs_prof.py): through Spark the reads of a round of Spark's writer took 1.4 s of
+    warm ``local[2]`` session, 100-message rounds, cProfile: through Spark the reads of a round of
+    Spark's writer took 1.4 s of
     3.4 s, and the dead letters' of a columnar round 0.7 of 1.5 s. The answer is the log as read
     at the call's start (Spark's ``inputFiles()`` answered for the log at its end): either way a
     commit of another writer after that moment is not seen, and the check was never atomic with

@@ -781,8 +781,7 @@ class Drain:
         """A columnar round's dead letters into their table: their files committed as they are
         where the plan wrote them into the table's directory (no Spark job: Spark's append was
         4 jobs, 1.1-1.3 s of a warm one-round run of 800 messages with 8 dead letters and 3.7 s
-        of one in a new process: cProfile, /work/scratch/s21/prof_small.py and sub_prof.py),
-        else read and appended by Spark."""
+        of one in a new process, cProfile), else read and appended by Spark."""
         assert self.columnar is not None
         directory = self.columnar.dead_letter_directory
         if directory is None:

@@ -5,11 +5,11 @@ worker per concurrent task. Every fresh worker imported pyarrow's compute, JSON 
 modules, pandas (pyarrow's compute functions import it where it is installed) and js-etl's
 fetch, decode and NATS client modules at its first task, on its own (issue 14: one 100,000 x
 4 KiB columnar fetch task outside Spark cost 4.3 CPU-s the first time in a process, 3.6 the next
-times and the first time once they were imported; /work/scratch/s22/task_three.py). A drain's
+times and the first time once they were imported). A drain's
 workers are fresh in every new process and after a minute idle (PySpark's idle-worker timeout),
 so every run paid it once per partition. Imported here, in the daemon, forked workers share
-them: paid once per executor. py-spy over one 100,000 x 4 KiB drain in a new local[2] session
-(/work/scratch/s22/fresh_runs.py): the two workers spent 2.98 s in imports, 0.22 s with this
+them: paid once per executor. py-spy over one 100,000 x 4 KiB drain in a new local[2] session:
+the two workers spent 2.98 s in imports, 0.22 s with this
 daemon, which spent 1.2 s more on them itself — 1.6 CPU-s less a run on two partitions.
 
 Set for local sessions only (``spark.python.daemon.module``, :func:`js_etl.spark.session.

@@ -1,4 +1,5 @@
-"""Acks against a real nats-server, sent from a second connection as the driver does (facts §4)."""
+"""Acks against a real nats-server, sent from a second connection as the driver does
+(docs/reference/jetstream-wire-facts.md §4)."""
 
 from __future__ import annotations
 

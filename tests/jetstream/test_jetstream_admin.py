@@ -1,5 +1,5 @@
 """Admin requests against a real nats-server: typed info, err_code mapping, the drain consumer,
-consumer reset (facts §7, §8)."""
+consumer reset (docs/reference/jetstream-wire-facts.md §7, §8)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ def test_stream_info_typed_fields(js, names, stream):
     info = js.stream_info(stream)
     state = info.state
     assert (state.messages, state.first_seq, state.last_seq) == (10, 1, 10)
-    assert state.bytes == 10 * (len(subject) + 256 + 30)  # facts §8: subject + payload + 30 B
+    # docs/reference/jetstream-wire-facts.md §8: subject + payload + 30 B
+    assert state.bytes == 10 * (len(subject) + 256 + 30)
     assert state.num_subjects == 1 and state.consumer_count == 0
     now = datetime.now(UTC)
     assert state.first_ts is not None and state.last_ts is not None

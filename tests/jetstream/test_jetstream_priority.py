@@ -1,4 +1,5 @@
-"""Priority groups (ADR-42) against a real nats-server: overflow and pinned_client (facts §7)."""
+"""Priority groups (ADR-42) against a real nats-server: overflow and pinned_client
+(docs/reference/jetstream-wire-facts.md §7)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The no_wait pull against a real nats-server: how each kind of pull ends (facts §1–§5).
+"""The no_wait pull against a real nats-server: how each kind of pull ends
+(docs/reference/jetstream-wire-facts.md §1–§5).
 
 Every timing assertion has a wide margin: the point is "ended on a terminator / by counting"
 versus "waited for the client deadline", which differ by seconds.
@@ -211,7 +212,9 @@ def test_pull_at_max_ack_pending_ends_on_the_deadline_and_is_dropped(js, names, 
 
 
 def test_requests_pending_408_while_a_larger_request_is_queued(js, names, stream):
-    # Facts §5: a no_wait pull gets "408 Requests Pending" at once while another queued request
+    # docs/reference/jetstream-wire-facts.md §5: a no_wait pull gets "408 Requests Pending" at once
+    # while another
+    # queued request
     # wants more than the consumer has pending.
     pub(js, f"{names.prefix}.a", 20)
     consumer(js, stream, names.consumer, max_ack_pending=5)
@@ -352,7 +355,8 @@ def test_repeated_header_keeps_every_value_in_order(js, names, stream):
 
 
 def test_message_size_with_headers_matches_server_accounting(js, names, stream):
-    # With headers the cost includes the header block (facts §2: 180 = 147 + 33).
+    # With headers the cost includes the header block (docs/reference/jetstream-wire-facts.md §2:
+    # 180 = 147 + 33).
     async def publish_with_header():
         for _i in range(3):
             await js.conn.nc.publish(f"{names.prefix}.h", b"y" * 50,

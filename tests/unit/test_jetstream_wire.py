@@ -1,7 +1,8 @@
 """Pure logic of the JetStream layer, no server: ack subjects, header blocks, status frames,
 pull request bodies, error mapping, admin dataclasses, options and secrets.
 
-The literal subjects and frames are copied from the measured facts sheet.
+The literal subjects and frames are copied from the measured fact sheet
+(docs/reference/jetstream-wire-facts.md).
 """
 
 from __future__ import annotations
@@ -141,7 +142,8 @@ def test_status_parse(raw, code, text, headers):
 
 
 def test_message_size_is_the_server_formula():
-    # facts §2: subject p2.x, reply with 19-digit ts, 100 B payload -> 147; 33-B header -> 180.
+    # docs/reference/jetstream-wire-facts.md §2: subject p2.x, reply with 19-digit ts, 100 B
+    # payload -> 147; 33-B header -> 180.
     reply = "$JS.ACK.P2.c11.1.1.1.1795328815752052740.19"
     plain = JsMessage("p2.x", b"x" * 100, reply)
     assert size(plain) == 147
@@ -161,7 +163,8 @@ def test_pull_request_json():
     assert body == {"batch": 500, "max_bytes": 8 << 20, "no_wait": True,
                     "expires": 2_000_000_000, "group": "jobs", "min_pending": 100,
                     "id": "PIN", "priority": 3}
-    assert isinstance(body["expires"], int)  # a string duration is a 400 (facts §1)
+    # A string duration is a 400 (docs/reference/jetstream-wire-facts.md §1).
+    assert isinstance(body["expires"], int)
     zero = PriorityGroupRequest("jobs", min_ack_pending=0)  # 0 is a threshold, not "unset"
     assert json.loads(PullRequest(5, no_wait=False, priority_group=zero).as_json()) == {
         "batch": 5, "group": "jobs", "min_ack_pending": 0}

@@ -17,7 +17,8 @@ PARTITION_BY = "to_date(published_at) AS date"
 KINDS = (b"order", b"refund", b"payment", b"shipment")
 ACK_WAIT = 300.0  # seconds, every bench consumer
 JS_ETL_MAX_ACK_PENDING = 1_000_000
-PEER_BATCH = 5_000  # facts §12: 57-60k msg/s at 256 B, 13-17k at 4 KiB
+# docs/reference/jetstream-wire-facts.md §12: 57-60k msg/s at 256 B, 13-17k at 4 KiB
+PEER_BATCH = 5_000
 PEER_MAX_BYTES = 32 << 20  # 5,000 x 4 KiB fits in one pull, well under the 64 MiB slow-consumer cut
 PEER_TARGET = 1.0
 SAMPLE_SECONDS = 0.2

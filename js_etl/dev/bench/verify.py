@@ -43,8 +43,9 @@ def table_counts(spark: SparkSession, path: str) -> dict[str, int]:
 
 
 # Reads a table's (seq, id) with the deltalake package in a child process, prints one JSON line
-# and leaves with os._exit: deltalake's process can abort at exit after a read (rc 134, facts
-# §12), so the caller trusts the printed line and ignores the exit code.
+# and leaves with os._exit: deltalake's process can abort at exit after a read (rc 134,
+# docs/reference/jetstream-wire-facts.md §12), so the caller trusts the printed line and ignores
+# the exit code.
 _DELTALAKE_READER = r"""
 import json, os, sys
 import pyarrow.compute as pc
