@@ -40,7 +40,7 @@ test-cluster: setup
 
 # Types and lint, both configured in pyproject.toml; part of `make test`.
 lint: setup
-	$(BIN)/python -m ruff check js_etl tests jobs dags
+	$(BIN)/python -m ruff check js_etl tests jobs dags tools
 	$(BIN)/python -m mypy
 	$(BIN)/lint-imports
 
