@@ -18,7 +18,7 @@ from js_etl.jetstream import ConnectionOptions, JetStreamSession
 from js_etl.jetstream.kv import KeyValue
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
-from nats_cluster import NatsCluster  # noqa: E402  (a test helper, started as the tests do)
+from nats_cluster import NatsCluster  # a test helper, started as the tests start it
 
 
 def lease_costs(options: ConnectionOptions, label: str, replicas: int) -> None:
