@@ -34,7 +34,7 @@ test-unit: setup
 	$(BIN)/python -m pytest tests/unit
 
 # Only the tests against a 3-node nats-server cluster and a Spark standalone cluster (tests/cluster,
-# marker `cluster`); `make test` runs them too, all but the real run of `js-etl bench --cluster`.
+# marker `cluster`); `make test` runs them too, all but the real run of `python -m tools.bench --cluster`.
 test-cluster: setup
 	$(BIN)/python -m pytest -m cluster tests/cluster
 
@@ -54,12 +54,12 @@ soak: setup
 
 # Full-size benchmark (a few minutes): js-etl against the bare pull+ack loop and a simple peer.
 bench: setup
-	$(BIN)/js-etl bench
+	$(BIN)/python -m tools.bench
 
 # The drain job by spark-submit on a Spark standalone cluster with 1, 2 and 4 one-core executors
 # against local[1], local[2], local[4] on the same 20,000 x 1 KiB messages (README "Benchmarks").
 bench-cluster: setup
-	$(BIN)/js-etl bench --cluster 1,2,4
+	$(BIN)/python -m tools.bench --cluster 1,2,4
 
 nats-cli: .tools/bin/nats
 

@@ -7,7 +7,6 @@
     js-etl rewind --config FILE --to-seq N [--yes]
     js-etl demo   [--messages N] [--keep]
     js-etl jars                  (Delta's jars, comma-separated, for spark-submit --jars)
-    js-etl bench  [--quick] [--messages N,..] [--size B,..] [--memory-check] [--json PATH]
 
 ``js_etl/jobs/drain.py`` runs the same ``drain`` under ``spark-submit``. Exit codes: 0 success,
 2 a terminal error (fix something first), 73 refused (another run holds the consumer), 75 a
@@ -42,9 +41,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"js-etl: UsageError: {message}\n")
 
 
-def _parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The argument parser; ``command`` (the first argument) adds the bench's own options only
-    when it is ``bench``."""
+def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="js-etl", description="Drain NATS JetStream durable consumers into Delta tables.",
         epilog="exit codes: 0 success, 2 fix something first, 73 another run holds the "
@@ -94,14 +91,6 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     demo.add_argument("--messages", type=int, default=5000)
     demo.add_argument("--keep", action="store_true", help="keep .demo/ from earlier demo runs")
     commands.add_parser("jars", help="print Delta's jars for spark-submit --jars")
-
-    bench = commands.add_parser(
-        "bench", help="measure the drain against the bare pull+ack loop and a simple "
-        "deltalake peer on the same data (local nats-server and Spark)")
-    if command == "bench":  # development tooling: imported only when `js-etl bench` runs
-        from js_etl.dev.bench.cli import add_arguments as add_bench_arguments
-
-        add_bench_arguments(bench)
     return parser
 
 
@@ -116,7 +105,7 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None, *, spark_submit: bool = False) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = _parser(argv[0] if argv else None).parse_args(argv)
+    args = _parser().parse_args(argv)
     # Only our own progress at INFO: under spark-submit stderr is merged into stdout, and a
     # library logging at exit (py4j does) must not push the report off the last line.
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
@@ -132,16 +121,12 @@ def main(argv: Sequence[str] | None = None, *, spark_submit: bool = False) -> in
             return _backfill(args, spark_submit)
         if args.command == "rewind":
             return _rewind(load_config(args.config, args.overrides), args.to_seq, args.yes)
-        if args.command == "bench":
-            from js_etl.dev.bench.cli import run_bench
-
-            return run_bench(args)
         if args.command == "jars":
             from js_etl.spark.jars import delta_jars
 
             print(",".join(delta_jars()))
             return 0
-        from js_etl.dev.demo import demo_config, run_demo
+        from js_etl.demo import demo_config, run_demo
 
         return run_demo(Path(args.config) if args.config else demo_config(),
                         messages=args.messages, keep=args.keep)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from js_etl.dev.server import LocalNatsServer
+from js_etl.demo.server import LocalNatsServer
 from js_etl.jetstream import ConnectionOptions, JetStreamSession
 
 os.environ["TZ"] = "UTC"  # collect() returns naive datetimes in the process's local zone

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from js_etl.dev.demo import demo_config
-from js_etl.dev.publish import publish, wait_for_messages
+from js_etl.demo import demo_config
+from js_etl.demo.publish import publish, wait_for_messages
 from js_etl.errors import TerminalError
 from js_etl.jetstream.errors import ConsumerNotFoundError, NatsUnavailableError
 
@@ -70,7 +70,7 @@ def test_config_errors_fail_fast_naming_the_key(tmp_path):
 
 
 def test_unreachable_server_is_a_transient_error_with_a_reason(tmp_path):
-    from js_etl.dev.server import free_port
+    from js_etl.demo.server import free_port
 
     result = run(JS_ETL, "status", "--config", str(demo_config()),
                  "--set", f"nats.servers=nats://127.0.0.1:{free_port()}",
@@ -203,7 +203,7 @@ def test_version_and_plain_help():
 def test_cheap_mistakes_fail_in_one_line_before_spark_starts(stream_with_messages, nats_server,
                                                              tmp_path, mistake, setting,
                                                              exit_code, reason):
-    from js_etl.dev.server import free_port
+    from js_etl.demo.server import free_port
 
     names = stream_with_messages
     result = run(JS_ETL, "drain", *drain_args(names, nats_server, tmp_path / "t"),

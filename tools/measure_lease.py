@@ -12,7 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from js_etl.dev.server import LocalNatsServer
+from js_etl.demo.server import LocalNatsServer
 from js_etl.durable.lease import ConsumerLease
 from js_etl.jetstream import ConnectionOptions, JetStreamSession
 from js_etl.jetstream.kv import KeyValue

@@ -46,7 +46,7 @@ os.environ.update({
 
 from airflow_support import TOKEN, set_connection  # noqa: E402
 
-from js_etl.dev.server import LocalNatsServer, free_port  # noqa: E402
+from js_etl.demo.server import LocalNatsServer, free_port  # noqa: E402
 from js_etl.jetstream import ConnectionOptions, JetStreamSession, Secret  # noqa: E402
 
 

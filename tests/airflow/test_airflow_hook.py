@@ -15,7 +15,7 @@ import pytest
 from airflow_support import REPO, TOKEN, set_connection
 
 from js_etl.config import load_config
-from js_etl.dev.publish import publish, wait_for_messages
+from js_etl.demo.publish import publish, wait_for_messages
 from js_etl.errors import ConfigError
 
 

@@ -24,7 +24,7 @@ from airflow_support import (
 )
 
 import js_etl.jobs.backfill
-from js_etl.dev.publish import publish, wait_for_messages
+from js_etl.demo.publish import publish, wait_for_messages
 
 # dag.test() runs tasks through Airflow's in-process execution API, whose FastAPI TestClient
 # import warns about starlette/httpx: Airflow's own dependency, nothing these tests can change.

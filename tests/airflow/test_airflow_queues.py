@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from airflow_support import TOKEN
 
-from js_etl.dev.publish import publish, wait_for_messages
+from js_etl.demo.publish import publish, wait_for_messages
 from js_etl.jetstream import (
     AckPolicy,
     ConnectionOptions,

@@ -10,7 +10,7 @@ import sys
 
 from airflow_support import REPO
 
-from js_etl.dev.server import LocalNatsServer
+from js_etl.demo.server import LocalNatsServer
 from js_etl.jetstream import ConnectionOptions, JetStreamSession
 
 

@@ -8,7 +8,7 @@ import time
 import pytest
 from airflow_support import TOKEN, failures, load_dag, task_states, write_dag, xcom
 
-from js_etl.dev.publish import publish, wait_for_messages
+from js_etl.demo.publish import publish, wait_for_messages
 from js_etl.jetstream import AckPolicy, ConsumerConfig
 
 # dag.test() runs tasks through Airflow's in-process execution API, whose FastAPI TestClient

@@ -1,6 +1,6 @@
 """Fixtures of the clustered tests: one 3-node JetStream cluster per test session, and one Spark
-standalone cluster (a master, two 1-core workers; js_etl/dev/spark_cluster.py) with js-etl packed
-for its executors (js_etl/dev/shipping.py). test_bench_cluster.py's real run starts its own
+standalone cluster (a master, two 1-core workers; tools/spark_cluster.py) with js-etl packed
+for its executors (tools/shipping.py). test_bench_cluster.py's real run starts its own
 cluster through ``js-etl bench --cluster``, as users do.
 
 Every test here is marked ``cluster`` (``make test-cluster`` runs only them; ``make test`` runs
@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 from nats_cluster import NatsCluster
 
-from js_etl.dev.shipping import build_wheel, packed_env
-from js_etl.dev.spark_cluster import SparkCluster
 from js_etl.jetstream import JetStreamSession
+from tools.shipping import build_wheel, packed_env
+from tools.spark_cluster import SparkCluster
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -57,7 +57,7 @@ CLUSTER_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 @pytest.fixture(scope="session")
 def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
-    """A Spark standalone master and two 1-core, 1 GiB workers (js_etl/dev/spark_cluster.py),
+    """A Spark standalone master and two 1-core, 1 GiB workers (tools/spark_cluster.py),
     loopback only, stopped by pid with their executors."""
     cluster = SparkCluster(tmp_path_factory.mktemp("spark-cluster"), workers=2, cores=1,
                            memory="1g", jvm_options=CLUSTER_JVM_OPTIONS)
@@ -70,6 +70,6 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkClu
 
 @pytest.fixture(scope="session")
 def executor_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """js-etl's wheel packed with the executors' dependencies (js_etl/dev/shipping.py), for
+    """js-etl's wheel packed with the executors' dependencies (tools/shipping.py), for
     ``--archives <it>#environment``; cached in .cache/executor-env by the wheel's contents."""
     return packed_env(build_wheel(tmp_path_factory.mktemp("wheel")))

@@ -1,4 +1,4 @@
-"""``js-etl bench --cluster``: a tiny real run (N=1: local[1] and a one-executor standalone
+"""``python -m tools.bench --cluster``: a tiny real run (N=1: local[1] and a one-executor standalone
 cluster, each a real spark-submit of the drain job; no timing assertions), and the one-line
 exit-2 refusals when the cluster mode cannot run (no source checkout, no venv-pack).
 
@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
-import js_etl.dev.shipping as shipping
-from js_etl.dev.bench.cli import main as bench_main
-from js_etl.dev.bench.cluster import cluster_ratios, format_cluster
+import tools.shipping as shipping
+from tools.bench.cli import main as bench_main
+from tools.bench.cluster import cluster_ratios, format_cluster
 
 BIN = Path(sys.executable).parent
-JS_ETL = str(BIN / "js-etl")
+REPO = Path(__file__).resolve().parents[2]
 
 
 def last_line(text: str) -> str:
@@ -39,9 +39,10 @@ def last_line(text: str) -> str:
 def test_cluster_mode_runs_local_and_cluster_legs_verified_and_prints_ratios(tmp_path):
     out = tmp_path / "bench.json"
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "TZ": "UTC"}
-    proc = subprocess.run([JS_ETL, "bench", "--cluster", "1", "--messages", "300", "--size",
-                           "256", "--json", str(out), "--workdir", str(tmp_path / "work")],
-                          capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path)
+    proc = subprocess.run([str(BIN / "python"), "-m", "tools.bench", "--cluster", "1",
+                           "--messages", "300", "--size", "256", "--json", str(out),
+                           "--workdir", str(tmp_path / "work")],
+                          capture_output=True, text=True, timeout=900, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
 
     result = json.loads(last_line(proc.stdout))
@@ -119,7 +120,7 @@ def test_cluster_mode_without_venv_pack_exits_2_with_one_line(monkeypatch, capsy
 def test_cluster_mode_runs_one_workload(capsys, tmp_path):
     import argparse
 
-    from js_etl.dev.bench.cli import add_arguments, settings_from_args
+    from tools.bench.cli import add_arguments, settings_from_args
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

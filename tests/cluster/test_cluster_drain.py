@@ -25,7 +25,7 @@ from nats_cluster import (
 from streams import AfterEachRound
 
 from js_etl.config import load_config
-from js_etl.dev.publish import publish, wait_for_messages
+from js_etl.demo.publish import publish, wait_for_messages
 from js_etl.errors import RunRefusedError
 from js_etl.jetstream import ConsumerConfig, JetStreamSession
 from js_etl.jetstream.errors import JetStreamError

@@ -18,7 +18,7 @@ import pytest
 from nats_cluster import add_replicated_stream, wait_consumer_current, wait_for
 
 from js_etl.config import load_config
-from js_etl.dev.publish import publish, wait_for_messages
+from js_etl.demo.publish import publish, wait_for_messages
 from js_etl.jetstream import ConsumerConfig, JetStreamSession
 from js_etl.spark import drain as drain_module
 from js_etl.spark.drain import run_drain

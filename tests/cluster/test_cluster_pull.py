@@ -14,7 +14,7 @@ import pytest
 from nats_cluster import add_replicated_stream, wait_consumer_current
 from streams import consumer, pub, size
 
-from js_etl.dev.server import wait_for
+from js_etl.demo.server import wait_for
 from js_etl.jetstream import JetStreamSession, PullEnd, PullResult
 
 

@@ -27,10 +27,10 @@ from nats_cluster import (
     wait_for,
 )
 
-from js_etl.dev.bench.cluster import submit_command as bench_submit_command
-from js_etl.dev.publish import publish, wait_for_messages
-from js_etl.dev.spark_cluster import SparkCluster, gone, loopback_env, stop_tree
+from js_etl.demo.publish import publish, wait_for_messages
 from js_etl.jetstream import ConsumerConfig, JetStreamSession
+from tools.bench.cluster import submit_command as bench_submit_command
+from tools.spark_cluster import SparkCluster, gone, loopback_env, stop_tree
 
 PAD = "x" * 1000  # ~1 KiB messages: a few thousand of them still make several rounds
 

@@ -1,5 +1,6 @@
-"""``js-etl bench``: a smoke run of the real command (no timing assertions — speed is measured by
-the benchmark, never by a test), plus the pure pieces that decide "verified" and the output."""
+"""The benchmark (``python -m tools.bench``): a smoke run of the real command (no timing
+assertions — speed is measured by the benchmark, never by a test), plus the pure pieces that
+decide "verified" and the output."""
 
 from __future__ import annotations
 
@@ -11,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from js_etl.dev.bench.cli import main as bench_main
-from js_etl.dev.bench.cli import settings_from_args
-from js_etl.dev.bench.report import format_results
-from js_etl.dev.bench.settings import client_target, payload
-from js_etl.dev.bench.verify import table_problems
 from js_etl.errors import TerminalError
+from tools.bench.cli import main as bench_main
+from tools.bench.cli import settings_from_args
+from tools.bench.report import format_results
+from tools.bench.settings import client_target, payload
+from tools.bench.verify import table_problems
 
 BIN = Path(sys.executable).parent
-JS_ETL = str(BIN / "js-etl")
+REPO = Path(__file__).resolve().parents[2]
 LEGS = {"client_limit", "simple_peer", "js_etl"}
 RATIOS = {"js_etl_vs_client_limit", "js_etl_vs_simple_peer"}
 
@@ -32,9 +33,9 @@ def last_line(text: str) -> str:
 def test_bench_quick_runs_every_leg_verified_and_reports_ratios(tmp_path):
     out = tmp_path / "bench.json"
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "TZ": "UTC"}
-    proc = subprocess.run([JS_ETL, "bench", "--quick", "--json", str(out),
+    proc = subprocess.run([str(BIN / "python"), "-m", "tools.bench", "--quick", "--json", str(out),
                            "--workdir", str(tmp_path / "work")],
-                          capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+                          capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
 
     result = json.loads(last_line(proc.stdout))
@@ -144,7 +145,7 @@ def test_repeats_print_the_per_cpu_ratios_over_all_runs_too():
 def test_workload_arguments_pair_messages_with_sizes(tmp_path):
     import argparse
 
-    from js_etl.dev.bench.cli import add_arguments
+    from tools.bench.cli import add_arguments
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
@@ -171,7 +172,7 @@ def test_bad_arguments_exit_2_with_one_line(capsys):
 
 
 def test_repeats_report_the_fastest_verified_run_and_fail_if_any_run_failed():
-    from js_etl.dev.bench.report import Leg, summarize
+    from tools.bench.report import Leg, summarize
 
     def leg(run: int, seconds: float, problems: list[str], cpu: float = 1.0) -> Leg:
         return Leg("js_etl", 2, 100, seconds, 25_600, problems,
@@ -194,7 +195,7 @@ def test_the_fallback_reader_counts_a_deltalake_table_in_a_child_process(tmp_pat
     import pyarrow as pa
     from deltalake import write_deltalake
 
-    from js_etl.dev.bench.verify import table_counts_deltalake
+    from tools.bench.verify import table_counts_deltalake
 
     table = pa.table({"seq": pa.array([1, 2, 3, 3], pa.int64()),
                       "id": pa.array([0, 1, 2, 2], pa.int64())})

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from js_etl.dev.shipping import build_wheel
 from js_etl.spark.jars import DELTA_VERSION
+from tools.shipping import build_wheel
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.wheel
 _WHERE = r"""
 import json
 import js_etl, js_etl.jobs.drain, js_etl.jobs.backfill
-from js_etl.dev.demo import demo_config
+from js_etl.demo import demo_config
 from js_etl.spark.jars import default_jar_dir, source_checkout
 print(json.dumps({"package": js_etl.__file__, "drain": js_etl.jobs.drain.__file__,
                   "backfill": js_etl.jobs.backfill.__file__, "demo_config": str(demo_config()),
@@ -45,7 +45,7 @@ print(json.dumps({"package": js_etl.__file__, "drain": js_etl.jobs.drain.__file_
 _OPERATOR = r"""
 import json
 from js_etl.airflow import JetStreamToDeltaOperator
-from js_etl.dev.demo import demo_config
+from js_etl.demo import demo_config
 apps = {job: JetStreamToDeltaOperator(task_id=job, config_path=str(demo_config()), job=job,
                                       outlets=[])._application()
         for job in ("drain", "backfill")}
@@ -87,6 +87,8 @@ def test_the_wheel_holds_the_jobs_and_the_demo_config(site, tmp_path):
         assert Path(where[key]).is_relative_to(site), (key, where[key])
     assert where["demo_config_exists"] is True
     assert (site / "js_etl" / "py.typed").is_file()
+    # The product only: the benchmark and cluster tooling stay in the checkout (tools/).
+    assert not (site / "tools").exists() and not (site / "js_etl" / "dev").exists()
     # Not a source checkout: Delta's jars go to the per-user cache.
     assert where["checkout"] is None
     assert where["jars"] == str(tmp_path / "cache" / "js-etl" / "jars" / f"delta-{DELTA_VERSION}")

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from js_etl.config import load_config
-from js_etl.dev.server import LocalNatsServer
+from js_etl.demo.server import LocalNatsServer
 from js_etl.durable.policy import ensure_drain_consumer
 from js_etl.jetstream import AckPolicy, ConsumerConfig, JetStreamSession, PriorityPolicy
 from js_etl.jetstream.errors import (

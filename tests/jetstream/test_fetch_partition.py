@@ -12,7 +12,7 @@ import pytest
 from streams import consumer, pub
 
 from js_etl.config import load_config
-from js_etl.dev.publish import publish, wait_for_messages
+from js_etl.demo.publish import publish, wait_for_messages
 from js_etl.jetstream import ack_prefix
 from js_etl.spark.columnar import ColumnarPlan, fetch_decode_write
 from js_etl.spark.fetch import FetchPlan, fetch_partition

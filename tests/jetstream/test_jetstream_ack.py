@@ -234,7 +234,7 @@ def test_a_late_confirmation_is_waited_for_while_the_server_applies_the_block(js
     server is applying it: the wait goes on rather than sending it all again, and failing after
     the last send (400,000 acks exited 75 on a healthy server). The wait per answer here is
     20 ms, far shorter than the server needs for 200,000 acks."""
-    from js_etl.dev.publish import publish, wait_for_messages
+    from js_etl.demo.publish import publish, wait_for_messages
     from js_etl.jetstream.ack import ACK, AckBlock, Acker
 
     n = 200_000

@@ -25,7 +25,7 @@ from streams import (
     wait_until,
 )
 
-from js_etl.dev.server import LocalNatsServer, free_port
+from js_etl.demo.server import LocalNatsServer, free_port
 from js_etl.errors import TerminalError, TransientError
 from js_etl.jetstream import (
     ConnectionOptions,

@@ -23,7 +23,7 @@ import pytest
 from pki import PKI_UNAVAILABLE, Pki, make_pki
 
 from js_etl.config import load_config
-from js_etl.dev.server import LocalNatsServer
+from js_etl.demo.server import LocalNatsServer
 from js_etl.errors import ConfigError, TerminalError
 from js_etl.jetstream import ConnectionOptions, JetStreamSession, TlsOptions
 from js_etl.jetstream.errors import StreamNotFoundError, TlsError

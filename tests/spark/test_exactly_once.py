@@ -24,7 +24,7 @@ from streams import AfterEachRound
 from test_faults import assert_exactly_once, config_for, events, setup_stream
 
 from js_etl.config import load_config
-from js_etl.dev.publish import publish, wait_for_messages
+from js_etl.demo.publish import publish, wait_for_messages
 from js_etl.durable import owner as owner_module
 from js_etl.durable.lease import lease_key
 from js_etl.durable.owner import LockOwner, ProcessId

@@ -23,8 +23,8 @@ import pytest
 from streams import AfterEachRound, ack, nak, run_until
 
 from js_etl.config import load_config
-from js_etl.dev.publish import publish, wait_for_messages
-from js_etl.dev.server import LocalNatsServer
+from js_etl.demo.publish import publish, wait_for_messages
+from js_etl.demo.server import LocalNatsServer
 from js_etl.errors import RunRefusedError
 from js_etl.jetstream import (
     ConnectionOptions,

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from streams import add_stream, publish_and_wait, purge_stream, wait_until
 
-from js_etl.dev.server import LocalNatsServer, free_port
+from js_etl.demo.server import LocalNatsServer, free_port
 from js_etl.errors import ConfigError, PurgedRangeError, RangeError
 from js_etl.jetstream import ConnectionOptions, JetStreamSession
 from js_etl.jetstream.errors import NatsUnavailableError, StreamNotFoundError

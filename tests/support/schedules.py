@@ -272,7 +272,7 @@ class _Player:
     """Plays one schedule in ``workdir``; owns the nats-server and every process it starts."""
 
     def __init__(self, schedule: Schedule, workdir: Path) -> None:
-        from js_etl.dev.server import LocalNatsServer
+        from js_etl.demo.server import LocalNatsServer
 
         self.s = schedule
         self.workdir = workdir
@@ -305,7 +305,7 @@ class _Player:
                 max_deliver=self.s.server_max_deliver)))
 
     def publish(self, count: int) -> None:
-        from js_etl.dev.publish import publish, wait_for_messages
+        from js_etl.demo.publish import publish, wait_for_messages
 
         first = self.published + 1
         messages = [(SUBJECT, payload(seq, self.poison)) for seq in range(first, first + count)]

@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 import nats.errors
 import pytest
 
-from js_etl.dev.publish import publish as publish_messages
-from js_etl.dev.publish import wait_for_messages
+from js_etl.demo.publish import publish as publish_messages
+from js_etl.demo.publish import wait_for_messages
 from js_etl.jetstream import (
     ConsumerConfig,
     ConsumerInfo,

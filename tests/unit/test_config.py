@@ -17,7 +17,7 @@ from js_etl.config import (
     TargetConfig,
     load_config,
 )
-from js_etl.dev.demo import demo_config
+from js_etl.demo import demo_config
 from js_etl.errors import ConfigError, TerminalError
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"

@@ -1,5 +1,5 @@
-"""``js-etl bench`` on the command line: its arguments, the settings they make, and the entry
-point (``js_etl.cli`` imports this module only when ``js-etl bench`` runs)."""
+"""The benchmark on the command line (``python -m tools.bench``, ``make bench``): its arguments,
+the settings they make, and the entry point."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from js_etl.dev import bench as bench_package
-from js_etl.dev.bench.cluster import ClusterBench, format_cluster
-from js_etl.dev.bench.report import format_results
-from js_etl.dev.bench.runner import Bench
-from js_etl.dev.bench.settings import (
+import tools.bench as bench_package
+from js_etl.errors import TerminalError
+from tools.bench.cluster import ClusterBench, format_cluster
+from tools.bench.report import format_results
+from tools.bench.runner import Bench
+from tools.bench.settings import (
     CLUSTER_MESSAGES,
     CLUSTER_SIZE,
     DEFAULT_LEGS,
@@ -30,7 +31,6 @@ from js_etl.dev.bench.settings import (
     WARMUP_MESSAGES,
     Settings,
 )
-from js_etl.errors import TerminalError
 
 
 def _int_list(text: str) -> list[int]:
@@ -141,19 +141,19 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    """``js-etl bench``: returns 0 when every leg verified, 1 otherwise."""
+    """The benchmark: returns 0 when every leg verified, 1 otherwise."""
     try:
         import deltalake  # noqa: F401
         import psutil  # noqa: F401
     except ImportError as e:
-        raise TerminalError(f"js-etl bench needs psutil and deltalake ({e.name} is missing): "
+        raise TerminalError(f"the benchmark needs psutil and deltalake ({e.name} is missing): "
                             "pip install -e '.[dev]'") from None
-    from js_etl.dev.server import LocalNatsServer
+    from js_etl.demo.server import LocalNatsServer
 
     settings = settings_from_args(args)
     if args.cluster is not None:
         # Before anything starts: one line and exit 2 without a checkout or venv-pack.
-        from js_etl.dev.shipping import require_checkout, venv_pack
+        from tools.shipping import require_checkout, venv_pack
 
         require_checkout()
         venv_pack()
@@ -185,7 +185,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     description = (bench_package.__doc__ or "").split("\n\n")[0]
-    parser = argparse.ArgumentParser(prog="js-etl bench", description=description)
+    parser = argparse.ArgumentParser(prog="python -m tools.bench", description=description)
     add_arguments(parser)
     try:
         return run_bench(parser.parse_args(argv))

@@ -15,7 +15,7 @@ both ends pickle and exchange Arrow data with the same libraries), packed with `
 ``.cache/executor-env/<key>/`` (ignored by git), keyed by the wheel's contents and those pins,
 so a rerun with an unchanged package reuses it.
 
-Dev tooling, like :mod:`js_etl.dev.server`: no pytest here; a failed command raises
+Dev tooling, like :mod:`js_etl.demo.server`: no pytest here; a failed command raises
 :class:`ShippingError` with the command and the tail of its output.
 """
 

@@ -10,7 +10,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from js_etl.dev.bench.settings import expected_ids
+from tools.bench.settings import expected_ids
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

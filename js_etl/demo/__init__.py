@@ -17,16 +17,16 @@ from importlib import resources
 from pathlib import Path
 
 from js_etl.config import load_config
-from js_etl.dev.publish import publish, wait_for_messages
-from js_etl.dev.server import LocalNatsServer
+from js_etl.demo.publish import publish, wait_for_messages
+from js_etl.demo.server import LocalNatsServer
 from js_etl.jetstream import JetStreamSession
 
 KINDS = ("order", "refund", "payment", "shipment")
 
 
 def demo_config() -> Path:
-    """The demo's config file, ``js_etl/dev/demo.yaml`` of the installed package."""
-    return Path(str(resources.files("js_etl.dev").joinpath("demo.yaml")))
+    """The demo's config file, ``js_etl/demo/demo.yaml`` of the installed package."""
+    return Path(str(resources.files("js_etl.demo").joinpath("demo.yaml")))
 
 
 def sample_events(n: int, *, seed: int = 7) -> list[tuple[str, bytes]]:

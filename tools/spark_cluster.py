@@ -1,5 +1,5 @@
 """A Spark standalone cluster of real processes: dev tooling shared by ``js-etl bench --cluster``
-and tests/cluster (like :mod:`js_etl.dev.server` for nats-server; no pytest here).
+and tests/cluster (like :mod:`js_etl.demo.server` for nats-server; no pytest here).
 
 A master and ``workers`` one-core workers, each a JVM started with pyspark's own
 ``bin/spark-class`` (``org.apache.spark.deploy.master.Master`` / ``...worker.Worker``), all on
@@ -24,7 +24,7 @@ from typing import Any, Self
 import psutil
 import pyspark
 
-from js_etl.dev.server import free_port, wait_for
+from js_etl.demo.server import free_port, wait_for
 
 SPARK_HOME = Path(pyspark.__file__).parent
 SPARK_CLASS = SPARK_HOME / "bin" / "spark-class"

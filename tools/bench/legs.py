@@ -1,5 +1,5 @@
 """What the processes of each leg do, each in a fresh spawned process (see
-:func:`js_etl.dev.bench.children.run_children`): the client limit, nats-py fetch, the simple
+:func:`tools.bench.children.run_children`): the client limit, nats-py fetch, the simple
 peer, and one memory-check run of js-etl."""
 
 from __future__ import annotations
@@ -9,8 +9,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from js_etl.dev.bench.settings import MiB
-from js_etl.dev.bench.verify import start_spark, table_counts, table_problems
 from js_etl.jetstream import (
     Acker,
     ConnectionOptions,
@@ -20,6 +18,8 @@ from js_etl.jetstream import (
     Puller,
 )
 from js_etl.spark.session import spark_jvm
+from tools.bench.settings import MiB
+from tools.bench.verify import start_spark, table_counts, table_problems
 
 
 async def _connect(url: str, name: str) -> JetStreamConnection:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-from js_etl.dev.bench.settings import LEG_LABELS
+from tools.bench.settings import LEG_LABELS
 
 
 @dataclass
@@ -100,7 +100,7 @@ def machine() -> dict[str, Any]:
             return None
 
     try:
-        from js_etl.dev.server import find_nats_server
+        from js_etl.demo.server import find_nats_server
 
         server = subprocess.run([find_nats_server(), "--version"], capture_output=True,
                                 text=True, timeout=10).stdout.strip().split()[-1]

