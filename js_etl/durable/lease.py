@@ -30,7 +30,7 @@ import time
 from dataclasses import replace
 
 from js_etl.durable.owner import LockOwner, ProcessId
-from js_etl.errors import RunRefusedError, TransientError
+from js_etl.errors import ConfigError, RunRefusedError, TransientError
 from js_etl.jetstream.errors import (
     AuthorizationError,
     StreamNotFoundError,
@@ -88,6 +88,17 @@ def _holder(entry: KvEntry | None) -> LockOwner | None:
     return LockOwner.from_json(entry.value) or LockOwner("?", ProcessId("?", 0), 0.0, 0.0)
 
 
+def bucket_problem(max_age: float, storage: str | None) -> str | None:
+    """Why a bucket cannot hold leases: entries that never expire hold a dead run's consumer for
+    ever; memory storage forgets every live lease when the server restarts."""
+    if max_age <= 0:
+        return "has no max age (nats kv add without --ttl): a dead run's lease would never expire"
+    if storage != "file":
+        return (f"keeps its entries in {storage} storage: a server restart would forget the "
+                "leases of live runs")
+    return None
+
+
 def _dead(holder: LockOwner) -> bool:
     """The holder certainly died: on this machine (:meth:`ProcessId.alive_here`), or it is an
     earlier run of this very process that no longer holds it."""
@@ -104,13 +115,14 @@ class ConsumerLease:
     """
 
     def __init__(self, options: ConnectionOptions, stream: str, consumer: str, run_id: str, *,
-                 target: str, bucket: str, replicas: int = 1) -> None:
+                 target: str, bucket: str, replicas: int = 1,
+                 tables: list[list[str | None]] | None = None) -> None:
         self.options = options
         self.stream, self.consumer = stream, consumer
         self.key = lease_key(stream, consumer)
         self.bucket = bucket
         self.replicas = replicas
-        self.me = LockOwner.me(run_id, target)
+        self.me = LockOwner.me(run_id, target, tables)
         self.ttl = TTL
         self.previous: LockOwner | None = None  # a dead holder this run took over from
         self._revision = 0
@@ -168,7 +180,13 @@ class ConsumerLease:
                 f"$JS.API.STREAM.*.KV_{self.bucket} and $KV.{self.bucket}.>, or create it "
                 f"(nats kv add {self.bucket} --ttl {TTL:g}s) and allow $KV.{self.bucket}.>",
                 code=e.code, err_code=e.err_code) from None
-        self.ttl = bucket.max_age or TTL
+        problem = bucket_problem(bucket.max_age, bucket.storage)
+        if problem:
+            raise ConfigError(
+                f"the lease bucket {self.bucket!r} {problem}: delete it (nats kv del "
+                f"{self.bucket} -f) and let js-etl create it, or create it with nats kv add "
+                f"{self.bucket} --ttl {TTL:g}s --replicas {self.replicas}")
+        self.ttl = bucket.max_age
         me = replace(self.me, heartbeat=time.time())
         try:
             self._revision = js.run(kv.create(self.key, me.to_json()))
@@ -202,9 +220,21 @@ class ConsumerLease:
             js = self._session
             assert js is not None, "the lease is not held"
             record = replace(self.me, heartbeat=time.time(), **changes)  # type: ignore[arg-type]
+            kv = KeyValue(js.conn, self.bucket)
             try:
-                self._revision = js.run(KeyValue(js.conn, self.bucket).update(
-                    self.key, record.to_json(), self._revision))
+                try:
+                    self._revision = js.run(kv.update(self.key, record.to_json(),
+                                                      self._revision))
+                except WrongLastSequenceError:
+                    # Ours still when an earlier renewal was applied but answered too late (a
+                    # timeout, a leader change after the write): write again on its revision.
+                    entry = js.run(kv.get(self.key))
+                    holder = _holder(entry)
+                    if entry is None or holder is None or (holder.run_id, holder.process) != (
+                            self.me.run_id, self.me.process):
+                        raise
+                    self._revision = js.run(kv.update(self.key, record.to_json(),
+                                                      entry.revision))
             except WrongLastSequenceError:
                 self._lost = (f"this run lost its lease on consumer {self.stream}/"
                               f"{self.consumer} (it expired or another run took it): stopping "

@@ -67,7 +67,16 @@ class ProcessId:
                 (self.host, self.boot_id, self.pid_namespace)
                 != (here.host, here.boot_id, here.pid_namespace)):
             return None
-        return _process_start(self.pid) == self.pid_start
+        start = _process_start(self.pid)
+        if start is None:  # gone, or hidden from us (another user's, /proc with hidepid)
+            try:
+                os.kill(self.pid, 0)
+            except ProcessLookupError:
+                return False
+            except PermissionError:
+                return None
+            return None
+        return start == self.pid_start
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,11 +90,15 @@ class LockOwner:
     heartbeat: float
     pin_id: str | None = None  # the priority-group pin this run holds, for a successor to UNPIN
     target: str | None = None  # the table the run writes
+    # The run's tables as [path, catalog name] pairs, rows' table first, then the dead letters':
+    # a successor's fence finishes a dead run's last round in them (js_etl.spark.drain).
+    tables: list[list[str | None]] | None = None
 
     @classmethod
-    def me(cls, run_id: str, target: str | None = None) -> LockOwner:
+    def me(cls, run_id: str, target: str | None = None,
+           tables: list[list[str | None]] | None = None) -> LockOwner:
         now = time.time()
-        return cls(run_id, ProcessId.me(), now, now, target=target)
+        return cls(run_id, ProcessId.me(), now, now, target=target, tables=tables)
 
     def describe(self) -> str:
         """``run R (pid P on H, writing T, since S, last heartbeat Ns ago)``."""

@@ -26,6 +26,7 @@ from js_etl.jetstream.message import parse_headers
 
 _EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
 _OPERATION = "KV-Operation"
+_MARKER = "Nats-Marker-Reason"  # a bucket with limit markers leaves one where an entry expired
 _NO_MESSAGE = 10037  # err_code of a message get that found nothing
 _STREAM_IN_USE = 10058  # err_code: a stream of that name exists with another configuration
 _KEY_CHARS = re.compile(r"[^-_A-Za-z0-9]")
@@ -98,7 +99,7 @@ class KeyValue:
         headers = parse_headers(base64.b64decode(message["hdrs"])) if message.get("hdrs") else {}
         return KvEntry(key, base64.b64decode(message.get("data") or ""), int(message["seq"]),
                        parse_time(message.get("time")),
-                       deleted=bool(headers.get(_OPERATION)))
+                       deleted=bool(headers.get(_OPERATION) or headers.get(_MARKER)))
 
     async def update(self, key: str, value: bytes, revision: int) -> int:
         """Write ``value`` if ``revision`` is still the key's latest (0: the key has none);

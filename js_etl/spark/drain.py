@@ -77,6 +77,7 @@ from typing import TYPE_CHECKING
 from js_etl import faults
 from js_etl.config import JobConfig
 from js_etl.durable.lease import ConsumerLease
+from js_etl.durable.owner import LockOwner
 from js_etl.durable.pin import GroupPin
 from js_etl.durable.policy import DEFAULT_ACK_WAIT, drainable_consumer
 from js_etl.errors import ConfigError, TerminalError, TransientError
@@ -104,6 +105,7 @@ from js_etl.spark.delta import (
     keys_of,
     no_keys,
     range_keys,
+    same_table,
     schema_problem,
 )
 from js_etl.spark.failures import is_transient
@@ -211,7 +213,8 @@ class Drain:
             stream = js.stream_info(self.source.stream)
             lease = ConsumerLease(self.options, self.source.stream, self.source.consumer,
                                   self.run_id, target=str(self.target),
-                                  bucket=self.source.lease_bucket, replicas=stream.num_replicas)
+                                  bucket=self.source.lease_bucket, replicas=stream.num_replicas,
+                                  tables=[[t.path, t.table] for t in self.tables])
             with lease:
                 with self.report.phase("plan"):
                     info = self._plan(js, stream)
@@ -316,6 +319,7 @@ class Drain:
                 # Only a delivery takes the pin (measured: a 409-only pull does not), so the
                 # first round pulls on one partition; later rounds share its pin id.
                 size = replace(size, partitions=1)
+            holds.check()  # a run that lost the consumer pulls nothing more
             try:
                 fetched, blocks = self._fetch(size, info, next_round)
             except Exception as e:
@@ -514,8 +518,7 @@ class Drain:
             return  # nothing delivered and unacked: nothing to finish, no Spark job
         floor, delivered = info.ack_floor.stream_seq, info.delivered.stream_seq
         reacked = 0
-        for table in self.tables:
-            dead = table is self.dead_letters
+        for table, dead in self._fenced_tables(previous):
             seqs = table.last_round_seqs(self.spark, self.config.job_id)
             if seqs is None:
                 continue  # this job never committed here
@@ -533,6 +536,22 @@ class Drain:
             # the server's to say. A NAK of an acked message is ignored (module docstring).
             info = js.consumer_info(self.source.stream, self.source.consumer)
         self.report.released_at_start = self._nak_unacked(js, holds, info, exclude=set())
+
+    def _fenced_tables(self, previous: LockOwner | None) -> list[tuple[DeltaTarget, bool]]:
+        """This run's tables, and the tables of the dead run whose lease it took over where
+        those are others (a changed target.path): that run's last round may be committed there
+        and unacked, and releasing it would land its sequences in a second table. Each with
+        whether it holds dead letters."""
+        tables = [(self.target, False), (self.dead_letters, True)]
+        for (path, name), dead in zip(previous.tables if previous and previous.tables else [],
+                                      (False, True), strict=False):
+            other = DeltaTarget(path, name)
+            if not any(same_table(other, mine) for mine in self.tables) and other.exists(
+                    self.spark):
+                log.warning("fencing the last round of the dead run %s in its table %s",
+                            previous.run_id if previous else "?", other)
+                tables.append((other, dead))
+        return tables
 
     def _nak_unacked(self, js: JetStreamSession, holds: _Holds, info: ConsumerInfo, *,
                      exclude: set[int]) -> int:

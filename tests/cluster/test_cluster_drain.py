@@ -26,6 +26,7 @@ from streams import AfterEachRound
 
 from js_etl.config import load_config
 from js_etl.demo.publish import publish, wait_for_messages
+from js_etl.durable.lease import ConsumerLease
 from js_etl.errors import RunRefusedError
 from js_etl.jetstream import ConsumerConfig, JetStreamSession
 from js_etl.jetstream.errors import JetStreamError
@@ -174,6 +175,10 @@ def test_two_runs_of_one_consumer_into_two_tables_on_r3(spark: Any, nats_cluster
     bucket, so a node's death does not lose it), the other is refused; no sequence twice."""
     n = 6_000
     _setup(cjs, names, n)
+    # The bucket made and answering first (a run's first lease waits out a new R3 bucket's
+    # election, long enough for the other run to finish): the two runs then race on the key.
+    ConsumerLease(nats_cluster.options(), names.stream, "seed", "seed", target="-",
+                  bucket="cluster-leases", replicas=3).acquire().release()
     tables = [tmp_path / "a", tmp_path / "b"]
     start = threading.Barrier(2)
     outcomes: dict[int, Any] = {}
