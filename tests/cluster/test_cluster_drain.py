@@ -10,7 +10,7 @@ still ends complete here, by NAKing back what its pulls lost: the test checks no
 from __future__ import annotations
 
 import json
-import threading
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from nats_cluster import (
     wait_consumer_current,
     wait_for,
 )
-from streams import AfterEachRound
+from streams import AfterEachRound, started_together
 
 from js_etl.config import load_config
 from js_etl.demo.publish import publish, wait_for_messages
@@ -180,22 +180,10 @@ def test_two_runs_of_one_consumer_into_two_tables_on_r3(spark: Any, nats_cluster
     ConsumerLease(nats_cluster.options(), names.stream, "seed", "seed", target="-",
                   bucket="cluster-leases", replicas=3).acquire().release()
     tables = [tmp_path / "a", tmp_path / "b"]
-    start = threading.Barrier(2)
-    outcomes: dict[int, Any] = {}
-
-    def run(i: int) -> None:
-        start.wait()
-        try:
-            outcomes[i] = run_drain(spark, _config(names, nats_cluster.urls, tables[i],
-                                                   "source.lease_bucket=cluster-leases"))
-        except RunRefusedError as e:
-            outcomes[i] = e
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    outcomes = started_together([
+        partial(run_drain, spark, _config(names, nats_cluster.urls, table,
+                                          "source.lease_bucket=cluster-leases"))
+        for table in tables])
 
     refused = [i for i, o in outcomes.items() if isinstance(o, RunRefusedError)]
     assert len(refused) == 1, outcomes

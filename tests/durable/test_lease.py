@@ -3,12 +3,12 @@ the runs are timed, a dead holder's lease taken over or expired, a lost lease ne
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import replace
 from typing import Any
 
 import pytest
+from streams import started_together
 
 from js_etl.durable.lease import ConsumerLease, lease_holder, lease_key
 from js_etl.durable.owner import LockOwner
@@ -38,21 +38,7 @@ def elsewhere(run_id: str) -> LockOwner:
 
 def test_of_runs_started_together_exactly_one_holds_the_consumer(nats_options, names):
     runs = [lease(nats_options, names, f"run-{i}", target=f"/tables/{i}") for i in range(4)]
-    start = threading.Barrier(len(runs))
-    outcomes: dict[int, Any] = {}
-
-    def take(i: int) -> None:
-        start.wait()
-        try:
-            outcomes[i] = runs[i].acquire()
-        except RunRefusedError as e:
-            outcomes[i] = e
-
-    threads = [threading.Thread(target=take, args=(i,)) for i in range(len(runs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    outcomes = started_together([run.acquire for run in runs])
     held = [i for i, o in outcomes.items() if isinstance(o, ConsumerLease)]
     try:
         assert len(held) == 1, outcomes

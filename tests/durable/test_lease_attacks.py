@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from streams import started_together
 
 from js_etl.demo.server import LocalNatsServer
 from js_etl.durable.lease import ConsumerLease, lease_holder, lease_key
@@ -282,21 +283,7 @@ def test_of_successors_racing_for_a_dead_holders_lease_exactly_one_wins(js, nats
     write_record(js, bucket, names, dead)
     runs = [ConsumerLease(nats_options, names.stream, names.consumer, f"s{i}", target=f"/t/{i}",
                           bucket=bucket) for i in range(4)]
-    start = threading.Barrier(len(runs))
-    outcomes: dict[int, Any] = {}
-
-    def take(i: int) -> None:
-        start.wait()
-        try:
-            outcomes[i] = runs[i].acquire()
-        except RunRefusedError as e:
-            outcomes[i] = e
-
-    threads = [threading.Thread(target=take, args=(i,)) for i in range(len(runs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    outcomes = started_together([run.acquire for run in runs])
     winners = [o for o in outcomes.values() if isinstance(o, ConsumerLease)]
     try:
         assert len(winners) == 1, outcomes

@@ -12,15 +12,15 @@ first mechanism fails the test even though the data would stay right.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from dataclasses import replace
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
-from streams import AfterEachRound
+from streams import AfterEachRound, started_together
 from test_faults import assert_exactly_once, config_for, events, setup_stream
 
 from js_etl.config import load_config
@@ -405,21 +405,9 @@ def test_runs_of_one_consumer_into_two_tables_started_together(spark, js, names,
     messages, good, bad = events(names, 300)
     setup_stream(js, names, messages, max_ack_pending=100)
     tables = [tmp_path / "a", tmp_path / "b"]
-    start = threading.Barrier(2)
-    outcomes: dict[int, Any] = {}
-
-    def run(i: int) -> None:
-        start.wait()
-        try:
-            outcomes[i] = run_drain(spark, config_for(names, nats_server.url, tables[i]))
-        except RunRefusedError as e:
-            outcomes[i] = e
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    outcomes = started_together([
+        partial(run_drain, spark, config_for(names, nats_server.url, table))
+        for table in tables])
 
     refused = [i for i, o in outcomes.items() if isinstance(o, RunRefusedError)]
     assert len(refused) == 1, outcomes

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
@@ -18,6 +19,7 @@ import pytest
 
 from js_etl.demo.publish import publish as publish_messages
 from js_etl.demo.publish import wait_for_messages
+from js_etl.errors import RunRefusedError
 from js_etl.jetstream import (
     ConsumerConfig,
     ConsumerInfo,
@@ -195,3 +197,29 @@ class AfterEachRound:
 
     def finished(self, report: Any) -> None:
         pass
+
+
+def started_together(calls: list[Callable[[], T]]) -> dict[int, T | RunRefusedError]:
+    """Each call in its own thread, all released by one barrier: index -> its result, or the
+    RunRefusedError it raised (anything else fails the test)."""
+    start = threading.Barrier(len(calls))
+    outcomes: dict[int, T | RunRefusedError] = {}
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        start.wait()
+        try:
+            outcomes[i] = calls[i]()
+        except RunRefusedError as e:
+            outcomes[i] = e
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return outcomes
