@@ -110,7 +110,8 @@ _BY_ERR_CODE: dict[int, type[JetStreamError]] = {
     10159: BadRequestError,           # priority policy without groups
     10160: PriorityGroupError,        # group does not exist for this consumer
     10196: BadRequestError,           # groups with policy none
-    10071: WrongLastSequenceError,    # wrong last sequence (an expected-sequence publish)
+    10071: WrongLastSequenceError,    # wrong last sequence: N (an expected-sequence publish)
+    10164: WrongLastSequenceError,    # wrong last sequence (the same, as a clustered stream says)
     10008: ClusterUnavailableError,   # cluster not available
     10077: ClusterUnavailableError,   # consumer/stream leadership changing
 }

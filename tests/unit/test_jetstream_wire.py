@@ -51,6 +51,7 @@ from js_etl.jetstream.errors import (
     PriorityGroupError,
     PullLimitError,
     StreamNotFoundError,
+    WrongLastSequenceError,
     api_error,
 )
 from js_etl.jetstream.pull import status_error
@@ -215,6 +216,12 @@ def test_raise_for_status_only_for_ends_that_need_a_decision():
 # --- API error mapping ---------------------------------------------------------------------------
 @pytest.mark.parametrize("error,cls", [
     ({"code": 404, "err_code": 10059, "description": "stream not found"}, StreamNotFoundError),
+    # An expected-sequence publish that lost: one server says 10071 with the sequence, a
+    # clustered stream 10164 without it (seen on the 3-node cluster); both are the same refusal.
+    ({"code": 400, "err_code": 10071, "description": "wrong last sequence: 5"},
+     WrongLastSequenceError),
+    ({"code": 400, "err_code": 10164, "description": "wrong last sequence"},
+     WrongLastSequenceError),
     ({"code": 404, "err_code": 10014, "description": "consumer not found"},
      ConsumerNotFoundError),
     ({"code": 400, "err_code": 10148, "description": "consumer already exists"},
