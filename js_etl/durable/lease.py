@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 from js_etl.durable.owner import LockOwner, ProcessId
@@ -99,6 +100,19 @@ def bucket_problem(max_age: float, storage: str | None) -> str | None:
     return None
 
 
+def _until_answered(call: Callable[[], None], seconds: float) -> None:
+    """``call()``, asked again while NATS does not answer (a transient error other than a
+    refusal), for up to ``seconds``."""
+    give_up = time.monotonic() + seconds
+    while True:
+        try:
+            return call()
+        except TransientError as e:
+            if isinstance(e, RunRefusedError) or time.monotonic() > give_up:
+                raise
+            time.sleep(min(0.5, seconds / 20))
+
+
 def _dead(holder: LockOwner) -> bool:
     """The holder certainly died: on this machine (:meth:`ProcessId.alive_here`), or it is an
     earlier run of this very process that no longer holds it."""
@@ -143,7 +157,9 @@ class ConsumerLease:
         try:
             self._session = JetStreamSession(self.options)
             try:
-                self._take_when_answered()
+                # A bucket created a moment ago on a cluster, or one electing a leader, does
+                # not answer yet.
+                _until_answered(self._take, ANSWER_SECONDS)
             except BaseException:
                 self._session.close()
                 self._session = None
@@ -156,17 +172,6 @@ class ConsumerLease:
         self._beat.start()
         return self
 
-    def _take_when_answered(self) -> None:
-        """:meth:`_take`, asked again while the bucket has no leader to answer (created a moment
-        ago on a cluster, or a leader election), for up to :data:`ANSWER_SECONDS`."""
-        give_up = time.monotonic() + ANSWER_SECONDS
-        while True:
-            try:
-                return self._take()
-            except TransientError as e:
-                if isinstance(e, RunRefusedError) or time.monotonic() > give_up:
-                    raise
-                time.sleep(0.25)
 
     def _take(self) -> None:
         js = self._session
@@ -254,15 +259,7 @@ class ConsumerLease:
     def check(self) -> None:
         """Renew now, or raise: :class:`RunRefusedError` if the lease was lost, a transient
         error if NATS cannot confirm it within half the TTL (before fences, commits, acks)."""
-        give_up = time.monotonic() + self.ttl / 2
-        while True:
-            try:
-                self._renew()
-                return
-            except TransientError as e:
-                if isinstance(e, RunRefusedError) or time.monotonic() > give_up:
-                    raise
-                time.sleep(min(0.5, self.ttl / 20))
+        _until_answered(self._renew, self.ttl / 2)
 
     def record(self, *, pin_id: str | None) -> None:
         """Record the pin id once the run holds one (a successor UNPINs it)."""

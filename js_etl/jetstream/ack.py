@@ -125,8 +125,8 @@ class Acker:
         self.conn = conn
         self.confirm_timeout = confirm_timeout
         self.attempts = attempts
-        # The server applies ~400k acks/s (module docstring): each wait for an answer allows
-        # for a loaded machine, and longer while the block is seen applied (send).
+        # Each wait for an answer allows for a loaded machine (module docstring), and longer
+        # while the block is seen applied (send).
         self.ack_rate = ack_rate
 
     async def send(self, block: AckBlock) -> int:

@@ -11,10 +11,8 @@ from __future__ import annotations
 import base64
 import re
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
-from js_etl.instant import parse_time
 from js_etl.jetstream.api import StreamInfo
 from js_etl.jetstream.client import JetStreamConnection
 from js_etl.jetstream.errors import (
@@ -43,7 +41,6 @@ class KvEntry:
     key: str
     value: bytes
     revision: int  # the stream sequence of this value: what a revision-checked write names
-    written: datetime | None  # the server's time of this revision
     deleted: bool = False  # a delete or purge marker, not a value
 
 
@@ -98,7 +95,6 @@ class KeyValue:
         message: dict[str, Any] = answer["message"]
         headers = parse_headers(base64.b64decode(message["hdrs"])) if message.get("hdrs") else {}
         return KvEntry(key, base64.b64decode(message.get("data") or ""), int(message["seq"]),
-                       parse_time(message.get("time")),
                        deleted=bool(headers.get(_OPERATION) or headers.get(_MARKER)))
 
     async def update(self, key: str, value: bytes, revision: int) -> int:

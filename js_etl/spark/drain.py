@@ -543,13 +543,14 @@ class Drain:
         and unacked, and releasing it would land its sequences in a second table. Each with
         whether it holds dead letters."""
         tables = [(self.target, False), (self.dead_letters, True)]
-        for (path, name), dead in zip(previous.tables if previous and previous.tables else [],
-                                      (False, True), strict=False):
+        if previous is None or not previous.tables:
+            return tables
+        for (path, name), dead in zip(previous.tables, (False, True), strict=False):
             other = DeltaTarget(path, name)
             if not any(same_table(other, mine) for mine in self.tables) and other.exists(
                     self.spark):
                 log.warning("fencing the last round of the dead run %s in its table %s",
-                            previous.run_id if previous else "?", other)
+                            previous.run_id, other)
                 tables.append((other, dead))
         return tables
 

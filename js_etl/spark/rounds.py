@@ -89,9 +89,9 @@ COLUMNAR_PARTITION_MESSAGES = 100_000
 COLUMNAR_PARTITION_BYTES = 192 << 20
 
 
-# Acks a second a loaded server applies at least (it does ~400k on an idle box:
-# js_etl/jetstream/ack.py). A round holds at most what it acks in a third of ack_wait, so its
-# acks are applied before its first deliveries' ack_wait runs out even after a long fetch.
+# Acks a second a loaded server applies at least (docs/design/acks-under-load.md). A round holds
+# at most what it acks in a third of ack_wait, so its acks are applied before its first
+# deliveries' ack_wait runs out even after a long fetch.
 ROUND_ACK_RATE = 30_000
 
 
