@@ -167,8 +167,8 @@ def check_target_paths(config: JobConfig) -> None:
 
 
 def _drain(config: JobConfig, report_file: str | None, spark_submit: bool) -> int:
-    from js_etl.spark.columnar import expects_columnar
-    from js_etl.spark.drain import run_drain
+    from js_etl.drain.run import run_drain
+    from js_etl.drain.writers.columnar_plan import expects_columnar
     from js_etl.spark.session import job_session
 
     check_target_paths(config)
@@ -247,8 +247,8 @@ def _sequence(text: str) -> int:
 
 
 def _backfill(args: argparse.Namespace, spark_submit: bool) -> int:
-    from js_etl.spark.backfill import Backfill, RangeRequest
-    from js_etl.spark.delta import DeltaTarget, job_tables
+    from js_etl.backfill.run import Backfill, RangeRequest
+    from js_etl.delta.table import DeltaTarget, job_tables
     from js_etl.spark.session import job_session
 
     config = load_config(args.config, args.overrides)

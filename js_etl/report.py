@@ -66,7 +66,7 @@ class RunReport:
     released_at_end: int = 0
     duplicates_dropped: int = 0  # second copies of a seq fetched within one round (not written)
     already_committed: int = 0  # fetched again though a table held them: acked, not rewritten
-    writer: str = "spark"  # "columnar" (js_etl.spark.columnar) or "spark"
+    writer: str = "spark"  # "columnar" (js_etl.drain.writers.columnar) or "spark"
     writer_note: str | None = None  # why the Spark writer, when the columnar one was not chosen
     stopped_because: StopReason | None = None
     seconds: float = 0.0

@@ -43,7 +43,7 @@ ACK_KEY_COLUMNS = ("seq", "num_delivered", "consumer_seq")
 REQUIRED_COLUMNS = {name: _TYPES[name].lower()
                     for name in ("stream", "seq", "consumer_seq", "num_delivered")}
 
-# Scratch columns of the JSON decoder (js_etl.spark.decode); a payload field may not take them.
+# Scratch columns of the JSON decoder (js_etl.decode.spark); a payload field may not take them.
 CORRUPT = "_js_etl_corrupt"
 VALUES = "_js_etl_values"  # how many JSON values the payload holds (null: not JSON)
 KEYS = "_js_etl_keys"  # the payload object's top-level keys (unknown_fields dead_letter)

@@ -102,7 +102,7 @@ def test_drain_command_reports_json_on_stdout_and_in_the_report_file(stream_with
 def test_workers_whose_python_lacks_js_etls_dependencies_fail_in_one_clear_line(
         stream_with_messages, nats_server, js, tmp_path):
     """A PYSPARK_PYTHON without pyarrow or js-etl: the executors' Python daemon
-    (js_etl.spark.worker_daemon) cannot start; the run says why in one line, exit 1, and
+    (js_etl.drain.worker_daemon) cannot start; the run says why in one line, exit 1, and
     nothing is delivered."""
     bare = tmp_path / "bare"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)

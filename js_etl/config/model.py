@@ -300,7 +300,7 @@ class TargetConfig(_Section):
     )
     dead_letter_path: str | None = setting(None, TEXT)
     dead_letter_table: str | None = setting(None, TEXT)
-    # How a drain writes the table's rows (js_etl.spark.columnar): auto = the columnar writer
+    # How a drain writes the table's rows (js_etl.drain.writers.columnar): auto = the columnar writer
     # where it writes what Spark's would, else Spark's; columnar = refuse the run where it cannot.
     writer: Literal["auto", "columnar", "spark"] = setting(
         "auto", choice("auto", "columnar", "spark"))

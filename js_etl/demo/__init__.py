@@ -46,8 +46,8 @@ def sample_events(n: int, *, seed: int = 7) -> list[tuple[str, bytes]]:
 
 
 def run_demo(config_path: Path, *, messages: int = 5000, keep: bool = False) -> int:
-    from js_etl.spark.columnar import expects_columnar
-    from js_etl.spark.drain import run_drain
+    from js_etl.drain.run import run_drain
+    from js_etl.drain.writers.columnar_plan import expects_columnar
     from js_etl.spark.session import local_session
 
     work = Path(".demo")

@@ -91,7 +91,7 @@ class LockOwner:
     pin_id: str | None = None  # the priority-group pin this run holds, for a successor to UNPIN
     target: str | None = None  # the table the run writes
     # The run's tables as [path, catalog name] pairs, rows' table first, then the dead letters':
-    # a successor's fence finishes a dead run's last round in them (js_etl.spark.drain).
+    # a successor's fence finishes a dead run's last round in them (js_etl.drain.run).
     tables: list[list[str | None]] | None = None
 
     @classmethod

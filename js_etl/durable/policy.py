@@ -31,7 +31,7 @@ DEFAULT_MAX_ACK_PENDING = 100_000  # for consumers js-etl creates: the round siz
 def min_ack_wait(config: JobConfig) -> float:
     """The shortest ack_wait a drain accepts: a round's pulls are sent within a third of
     ack_wait and each ends within fetch.pull_timeout, so every delivery of a round is received
-    within two thirds of ack_wait (see :mod:`js_etl.spark.drain`)."""
+    within two thirds of ack_wait (see :mod:`js_etl.drain.run`)."""
     return 3 * config.fetch.pull_timeout
 
 

@@ -80,7 +80,7 @@ class Deliveries(Sequence[JsMessage]):
     """The messages of one pull, kept as the parser hands them over: columns of raw bytes
     (subjects, ack replies, header blocks) and the payloads back to back in one buffer, so that
     a pull of thousands makes no object per message. Indexing and iteration make each
-    :class:`JsMessage` on demand; a columnar reader (:func:`js_etl.spark.fetch.to_record_batch`)
+    :class:`JsMessage` on demand; a columnar reader (:func:`js_etl.jetstream.arrow.to_record_batch`)
     takes the columns, and the payloads as one Arrow array over that buffer
     (:meth:`payload_array`).
 

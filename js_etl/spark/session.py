@@ -64,7 +64,7 @@ def local_jvm_options(*, columnar: bool, conf: Mapping[str, str] | None = None,
       1.21 against 1.08); Spark's writer drained 1M x 256 B at 44,126 msg/s against G1's
       41,933, the columnar writer at the same speed.
     * ``-XX:TieredStopAtLevel=1`` (C1 only) when the drain will use the columnar writer
-      (:func:`js_etl.spark.columnar.expects_columnar`): the JVM then only coordinates, and its
+      (:func:`js_etl.drain.writers.columnar_plan.expects_columnar`): the JVM then only coordinates, and its
       compiler threads had taken 5.3 of its 8.2 CPU seconds (1M x 256 B, read from /proc);
       with C1 only, 82,007-86,393 msg/s on 20.1-21.0 CPU seconds of all the bench's processes,
       against 76,457 on 24.0. Not for Spark's writer: its rows run through the JVM,
@@ -90,7 +90,7 @@ def local_builder(master: str = "local[2]", app_name: str = "js-etl",
                   conf: Mapping[str, str] | None = None, *, columnar: bool = False
                   ) -> SparkSession.Builder:
     """A builder for js-etl on local Spark: Delta, UTC, no UI, workers on this interpreter
-    forked from :mod:`js_etl.spark.worker_daemon`, the JVM options of :func:`local_jvm_options`
+    forked from :mod:`js_etl.drain.worker_daemon`, the JVM options of :func:`local_jvm_options`
     (``columnar``: for a drain on the columnar writer)."""
     from pyspark.sql import SparkSession
 
@@ -108,7 +108,7 @@ def local_builder(master: str = "local[2]", app_name: str = "js-etl",
                        local_jvm_options(columnar=columnar, conf=conf))
                .config("spark.executor.extraJavaOptions", "-Duser.timezone=UTC")
                # Fresh Python workers start with the fetch tasks' modules imported.
-               .config("spark.python.daemon.module", "js_etl.spark.worker_daemon"))
+               .config("spark.python.daemon.module", "js_etl.drain.worker_daemon"))
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     return configure_delta(builder)
@@ -149,13 +149,13 @@ def job_session(spark_config: SparkConfig, *, spark_submit: bool, columnar: bool
 
 
 def _require_delta(spark: SparkSession) -> None:
-    from delta.tables import DeltaTable
+    from py4j.protocol import Py4JError
 
-
-
-    try:  # without the jars, py4j hands back a JavaPackage and calling it raises TypeError
-        DeltaTable.isDeltaTable(spark, "file:///nonexistent-js-etl-probe")
-    except TypeError:
+    try:  # the class Delta's Python API wraps; the JVM lacks it without Delta's jars
+        spark_jvm(spark).java.lang.Class.forName("io.delta.tables.DeltaTable", False,
+                                                 spark_jvm(spark).Thread.currentThread()
+                                                 .getContextClassLoader())
+    except Py4JError:
         raise TerminalError("Delta classes are not on the driver's classpath: pass Delta's jars "
                             "to spark-submit, e.g. --jars $(js-etl jars) — see README "
                             "'Running a drain'") from None

@@ -26,11 +26,11 @@ from streams import AfterEachRound, started_together
 
 from js_etl.config import load_config
 from js_etl.demo.publish import publish, wait_for_messages
+from js_etl.drain.run import run_drain
 from js_etl.durable.lease import ConsumerLease
 from js_etl.errors import RunRefusedError
 from js_etl.jetstream import ConsumerConfig, JetStreamSession
 from js_etl.jetstream.errors import JetStreamError
-from js_etl.spark.drain import run_drain
 from js_etl.spark.failures import is_transient
 
 

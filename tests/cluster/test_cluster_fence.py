@@ -19,9 +19,11 @@ from nats_cluster import add_replicated_stream, wait_consumer_current, wait_for
 
 from js_etl.config import load_config
 from js_etl.demo.publish import publish, wait_for_messages
+from js_etl.drain import run as drain_module
+from js_etl.drain.acks import RunAcks
+from js_etl.drain.fence import Fenced
+from js_etl.drain.run import run_drain
 from js_etl.jetstream import ConsumerConfig, JetStreamSession
-from js_etl.spark import drain as drain_module
-from js_etl.spark.drain import run_drain
 
 HISTORY = 1_000
 # Rounds of at most 2 x 150 messages, so the history has several (message counts: the columnar
@@ -60,8 +62,8 @@ def test_fence_reacks_only_the_last_round_below_a_stuck_delivery(
     table = tmp_path / "table"
     # History: runs that neither fence nor release, so seq 1 stays delivered and unacked.
     with monkeypatch.context() as m:
-        m.setattr(drain_module.Drain, "_fence", lambda *a, **k: None)
-        m.setattr(drain_module.Drain, "_nak_unacked", lambda *a, **k: 0)
+        m.setattr(drain_module, "fence", lambda *a, **k: Fenced(0, 0))
+        m.setattr(RunAcks, "release", lambda *a, **k: 0)
         first = run_drain(spark, _config(names, nats_cluster.urls, table,
                                          f"run.max_messages={HISTORY}", *SMALL_ROUNDS))
     assert first.messages_written == HISTORY and first.rounds >= 3
@@ -69,20 +71,22 @@ def test_fence_reacks_only_the_last_round_below_a_stuck_delivery(
     assert (info.ack_floor.stream_seq, info.num_ack_pending) == (0, 1)  # the wide window
 
     acked_by_fence: list[int] = []
-    real_ack, real_fence = drain_module.Drain._ack, drain_module.Drain._fence
+    real_fence = drain_module.fence
 
-    def counting_fence(self: Any, *args: Any, **kw: Any) -> None:
+    def counting_fence(spark: Any, js: Any, info: Any, acks: RunAcks, *args: Any) -> Fenced:
+        real_ack = acks.ack
+
         def ack(*a: Any, **k: Any) -> int:
-            n = real_ack(self, *a, **k)
+            n = real_ack(*a, **k)
             acked_by_fence.append(n)
             return n
-        monkeypatch.setattr(self, "_ack", ack)
+        acks.ack = ack  # type: ignore[method-assign]
         try:
-            real_fence(self, *args, **kw)
+            return real_fence(spark, js, info, acks, *args)
         finally:
-            monkeypatch.delattr(self, "_ack")
+            del acks.ack
 
-    monkeypatch.setattr(drain_module.Drain, "_fence", counting_fence)
+    monkeypatch.setattr(drain_module, "fence", counting_fence)
     report = run_drain(spark, _config(names, nats_cluster.urls, table))
 
     # The last round of the history (re-acked: the fence cannot know it was acked), not all of it.

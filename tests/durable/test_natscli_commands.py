@@ -161,11 +161,11 @@ def backfill_config(server: LocalNatsServer, stream: str, tmp_path: Path) -> Any
 
 
 def test_backfill_and_rewind_printed_commands_run(js, server, nats_cli, tmp_path):
+    from js_etl.backfill import run as backfill
+    from js_etl.backfill.run import Backfill, RangeRequest
     from js_etl.durable.rewind import plan_rewind, rewind_consumer
     from js_etl.errors import RangeError, RewindUnsupportedError
     from js_etl.jetstream.errors import BadRequestError
-    from js_etl.spark import backfill
-    from js_etl.spark.backfill import Backfill, RangeRequest
 
     fresh_stream(js, "BACK")
     for i in range(10):

@@ -13,9 +13,10 @@ from streams import consumer, pub
 
 from js_etl.config import load_config
 from js_etl.demo.publish import publish, wait_for_messages
+from js_etl.drain.fetch import FetchPlan, fetch_partition
+from js_etl.drain.writers.columnar_plan import ColumnarPlan
+from js_etl.drain.writers.columnar_task import fetch_decode_write
 from js_etl.jetstream import ack_prefix
-from js_etl.spark.columnar import ColumnarPlan, fetch_decode_write
-from js_etl.spark.fetch import FetchPlan, fetch_partition
 
 
 def plan(nats_options, stream: str, durable: str) -> FetchPlan:
@@ -54,8 +55,8 @@ def test_what_lives_when_a_workers_first_tasks_start_is_frozen_out_of_the_cycle_
         js, names, stream, nats_options, monkeypatch):
     """PySpark's daemon runs a full gc.collect() after every task in a reused worker: with the
     worker's imports frozen at its first two tasks' start, that collect walks only what later
-    tasks made; the third task freezes nothing (fetch.task_gc says why, and what it measured)."""
-    from js_etl.spark import fetch
+    tasks made; the third task freezes nothing (jetstream.arrow.task_gc says why)."""
+    from js_etl.drain import fetch
 
     pub(js, f"{names.prefix}.a", 15)
     consumer(js, stream, names.consumer)

@@ -136,7 +136,7 @@ def test_cli_status_with_untrusted_certificate_exits_2_with_one_line(tls_server,
 
 
 def test_drain_with_untrusted_certificate_fails_terminally(spark, tls_server, stranger, tmp_path):
-    from js_etl.spark.drain import run_drain
+    from js_etl.drain.run import run_drain
 
     config = load_config(None, [
         f"nats.servers={tls_server.url}", "nats.connect_timeout=2s",

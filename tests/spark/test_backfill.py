@@ -17,21 +17,21 @@ import pytest
 from streams import ack, add_stream, publish_and_wait, purge_stream, settled
 
 from js_etl import cli
-from js_etl.config import JobConfig, load_config
-from js_etl.errors import ConfigError, PurgedRangeError, RangeError, RunRefusedError
-from js_etl.instant import format_instant, parse_instant
-from js_etl.jetstream import ConsumerConfig, DeliverPolicy, JetStreamSession
-from js_etl.jetstream.admin import JetStreamAdmin
-from js_etl.jetstream.errors import NatsUnavailableError, StreamNotFoundError
-from js_etl.spark import backfill as backfill_module
-from js_etl.spark.backfill import (
+from js_etl.backfill import run as backfill_module
+from js_etl.backfill.run import (
     Backfill,
     RangeRequest,
     run_backfill,
     split_range,
 )
-from js_etl.spark.delta import CommitTag, DeltaTarget
-from js_etl.spark.drain import run_drain
+from js_etl.config import JobConfig, load_config
+from js_etl.delta.table import CommitTag, DeltaTarget
+from js_etl.drain.run import run_drain
+from js_etl.errors import ConfigError, PurgedRangeError, RangeError, RunRefusedError
+from js_etl.instant import format_instant, parse_instant
+from js_etl.jetstream import ConsumerConfig, DeliverPolicy, JetStreamSession
+from js_etl.jetstream.admin import JetStreamAdmin
+from js_etl.jetstream.errors import NatsUnavailableError, StreamNotFoundError
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

@@ -1,4 +1,4 @@
-"""The columnar writer (js_etl/spark/columnar.py) on a real nats-server, Spark and Delta: it must
+"""The columnar writer (js_etl/drain/writers/columnar.py) on a real nats-server, Spark and Delta: it must
 write what the Spark writer writes, commit like it, and keep every rule of the round.
 
 The exactly-once tests (test_faults.py, test_exactly_once.py, the fault schedules) run on the
@@ -20,20 +20,22 @@ from test_faults import assert_exactly_once, config_for, events, setup_stream
 from test_hostile_input import PAYLOADS
 
 from js_etl.config import load_config
-from js_etl.errors import ConfigError, TerminalError, TransientError
-from js_etl.jetstream import ConsumerConfig
-from js_etl.spark import columnar
-from js_etl.spark.columnar import WrittenFile
-from js_etl.spark.decode import MALFORMED
-from js_etl.spark.delta import (
+from js_etl.decode.reasons import MALFORMED
+from js_etl.delta.files import WrittenFile
+from js_etl.delta.keys import range_keys, table_keys
+from js_etl.delta.rules import table_problem
+from js_etl.delta.table import (
     CommitTag,
     DeltaTarget,
     create_empty,
+    create_table,
     files_holding_seqs,
     log_actions,
-    range_keys,
 )
-from js_etl.spark.drain import run_drain
+from js_etl.drain.run import run_drain
+from js_etl.drain.writers import columnar_plan
+from js_etl.errors import ConfigError, TerminalError, TransientError
+from js_etl.jetstream import ConsumerConfig
 
 pytestmark = pytest.mark.slow
 
@@ -116,7 +118,7 @@ def committed_files(spark: Any, table: Path) -> set[str]:
 
 
 def columnar_files(table: Path, run_id: str) -> set[str]:
-    """The Parquet files a run's fetch tasks wrote (columnar.ColumnarPlan.file_prefix)."""
+    """The Parquet files a run's fetch tasks wrote (columnar_plan.ColumnarPlan.file_prefix)."""
     return {str(p) for p in table.rglob(f"part-{run_id}-r*.parquet")}
 
 
@@ -170,30 +172,30 @@ def test_both_writers_write_the_same_rows_and_dead_letters(partition_by, spark, 
 ])
 def test_the_columnar_writers_row_schema_is_the_spark_writers(schema, keep_raw, partition_by,
                                                               spark, tmp_path):
-    """columnar.row_schema works the rows' schema out without Spark's decoding; it must be the
+    """columnar_plan.row_schema works the rows' schema out without Spark's decoding; it must be the
     one Spark's writer gives its rows (Drain._empty_rows), partition columns included, and the
     table deltalake creates from it the one Spark's own first append creates."""
-    from js_etl.spark.drain import Drain
+    from js_etl.drain.run import Drain
 
     cfg = load_config(None, [
         "nats.servers=nats://127.0.0.1:1", "source.stream=S", "source.consumer=c",
         f"target.path={tmp_path / 'spark'}", "decode.format=json", f"decode.schema={schema}",
         f"decode.keep_raw={str(keep_raw).lower()}", f"target.partition_by={partition_by}"],
         environ={})
-    assert columnar.config_problem(spark, cfg) is None
+    assert columnar_plan.config_problem(spark, cfg) is None
     drain = Drain(spark, cfg, cfg.nats.connection_options(environ={}))
     rows, names = drain._empty_rows()
-    ours, our_names = columnar.row_schema(cfg)
+    ours, our_names = columnar_plan.row_schema(cfg)
 
     assert ours == rows.schema
     delta_spark = DeltaTarget(path=str(tmp_path / "spark"))
     create_empty(delta_spark, rows, names)
     # Spark's writer names partition columns as written (KIND); Delta records the column's own.
     assert our_names == list(delta_spark.shape(spark).partition_columns)
-    columnar.create_table(str(tmp_path / "deltalake"), ours, our_names)
+    create_table(str(tmp_path / "deltalake"), ours, our_names)
     delta_rs = DeltaTarget(path=str(tmp_path / "deltalake"))
     assert delta_rs._snapshot_shape(spark) == delta_spark._snapshot_shape(spark)
-    assert columnar.table_problem(delta_rs.shape(spark), ours, our_names) is None
+    assert table_problem(delta_rs.shape(spark), ours, our_names) is None
 
 
 def test_odd_names_partition_and_decode_alike_on_both_writers(spark, js, names, nats_server,
@@ -411,7 +413,7 @@ def test_a_columnar_round_with_dead_letters_is_one_spark_job_deltalake_appends_t
     assert second.rounds == 1 and len(jobs) == 1, (second.rounds, jobs)
     assert_exactly_once(spark, js, names, table, good, bad)
     spark_made = DeltaTarget(str(tmp_path / "spark_made"))
-    create_empty(spark_made, spark.createDataFrame([], columnar.dead_letter_schema()), [])
+    create_empty(spark_made, spark.createDataFrame([], columnar_plan.dead_letter_schema()), [])
     assert dead._snapshot_shape(spark) == spark_made._snapshot_shape(spark)
     tags = [CommitTag.from_json(a["commitInfo"].get("userMetadata"))
             for v in (*first.dead_letter_versions, *second.dead_letter_versions)
@@ -428,7 +430,7 @@ def test_a_round_without_dead_letters_does_not_read_their_table_after_its_commit
     round that wrote none has none to send: the range was checked empty before the commit and
     the lock keeps the job's other runs out, so that read could only find another job's rows.
     It is skipped (one table read a round: a py4j path lookup and a log replay)."""
-    from js_etl.spark import drain
+    from js_etl.drain.writers import columnar as writer_module
 
     messages, good, bad = events(names, 200, poison_every=40)
     messages += [(f"{names.prefix}.e", json.dumps({"id": i}).encode()) for i in range(200, 400)]
@@ -436,7 +438,7 @@ def test_a_round_without_dead_letters_does_not_read_their_table_after_its_commit
     setup_stream(js, names, messages, max_ack_pending=200)
     table = tmp_path / "table"
     reads: list[tuple[int, int]] = []
-    original = drain.range_keys
+    original = writer_module.range_keys
 
     def range_keys_spy(spark: Any, target: Any, stream: str, first: int, last: int, *,
                        with_error: bool = False) -> Any:
@@ -444,7 +446,7 @@ def test_a_round_without_dead_letters_does_not_read_their_table_after_its_commit
             reads.append((first, last))
         return original(spark, target, stream, first, last, with_error=with_error)
 
-    monkeypatch.setattr(drain, "range_keys", range_keys_spy)
+    monkeypatch.setattr(writer_module, "range_keys", range_keys_spy)
     report = run_drain(spark, config_for(names, nats_server.url, table, "fetch.partitions=1",
                                          "fetch.partition_max_messages=200"))
 
@@ -488,7 +490,7 @@ def test_a_dead_letter_table_with_a_check_constraint_gets_sparks_append(
     setup_stream(js, names, messages)
     table = tmp_path / "table"
     dead = f"{table}_dead_letters"
-    spark.createDataFrame([], columnar.dead_letter_schema()).write.format("delta").save(dead)
+    spark.createDataFrame([], columnar_plan.dead_letter_schema()).write.format("delta").save(dead)
     spark.sql(f"ALTER TABLE delta.`{dead}` ADD CONSTRAINT no_json CHECK (error IS NULL)")
 
     with pytest.raises(Exception, match="CHECK constraint no_json"):
@@ -572,11 +574,11 @@ def test_table_keys_reads_the_files_spark_wrote_under_escaped_partition_values(s
                                  "num_delivered BIGINT, kind STRING")
      .write.format("delta").partitionBy("kind").save(str(table)))
 
-    keys = columnar.table_keys(str(table), "S", 1, 3)
+    keys = table_keys(str(table), "S", 1, 3)
 
     assert keys is not None and sorted(keys.column("seq").to_pylist()) == [1, 2, 3]
-    assert columnar.table_keys(str(table), "S", 4, 9) is None  # no file's seq range overlaps
-    assert columnar.table_keys(str(table), "T", 1, 3).num_rows == 0  # another stream's rows
+    assert table_keys(str(table), "S", 4, 9) is None  # no file's seq range overlaps
+    assert table_keys(str(table), "T", 1, 3).num_rows == 0  # another stream's rows
 
 
 def test_a_parked_message_keeps_its_payload(spark, js, names, nats_server, tmp_path):
@@ -636,8 +638,8 @@ def test_a_column_invariant_chooses_spark_which_enforces_it(spark, js, names, na
     enforces and the columnar one would not (a break-it review)."""
     from pyspark.sql.types import StructField, StructType
 
+    from js_etl.decode.spark import Decoder
     from js_etl.schema import RAW_DDL
-    from js_etl.spark.decode import Decoder
 
     messages, _, _ = events(names, 20)
     setup_stream(js, names, messages)

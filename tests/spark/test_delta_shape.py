@@ -1,6 +1,6 @@
 """DeltaTarget.shape reads a table's protocol, partitioning, schema and properties with
-``deltalake`` where it can (js_etl/spark/delta.py); the columnar writer is chosen on it
-(columnar.table_problem), so it must see every rule Delta's own snapshot shows. DeltaTarget.exists
+``deltalake`` where it can (js_etl/delta/table.py); the columnar writer is chosen on it
+(rules.table_problem), so it must see every rule Delta's own snapshot shows. DeltaTarget.exists
 takes deltalake's yes the same way, and must answer as Delta does."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from js_etl.spark import columnar
-from js_etl.spark.delta import DeltaTarget, _deltalake_table
+from js_etl.delta import rules
+from js_etl.delta.table import DeltaTarget, _deltalake_table
 
 pytestmark = pytest.mark.slow
 
@@ -41,7 +41,7 @@ TABLES = [
 
 def problem(shape: Any) -> str | None:
     """The columnar writer's verdict on the table, for rows of its own columns."""
-    return columnar.table_problem(shape, shape.schema, list(shape.partition_columns))
+    return rules.table_problem(shape, shape.schema, list(shape.partition_columns))
 
 
 @pytest.mark.parametrize(("name", "body", "expected"), TABLES, ids=[t[0] for t in TABLES])
@@ -109,7 +109,7 @@ def test_a_path_is_the_directory_spark_reads_whatever_the_default_file_system(sp
     write_deltalake(str(local), pa.table({"id": pa.array([1], pa.int64())}))
     target = DeltaTarget(path=str(local))
     assert target.location(spark) == f"file:{local}"
-    assert columnar.location_problem(target.location(spark)) is None
+    assert rules.location_problem(target.location(spark)) is None
     assert target.exists(spark)
 
     conf = spark.sparkContext._jsc.hadoopConfiguration()
@@ -121,7 +121,7 @@ def test_a_path_is_the_directory_spark_reads_whatever_the_default_file_system(sp
     try:
         location = target.location(spark)
         assert location == f"viewfs://jsetltest{local}"
-        assert "not on the local file system" in (columnar.location_problem(location) or "")
+        assert "not on the local file system" in (rules.location_problem(location) or "")
         assert _deltalake_table(location) is None
         assert not target.exists(spark)  # Spark reads the default file system: no table there
     finally:

@@ -10,10 +10,10 @@ from chispa import assert_df_equality
 from streams import add_stream, nak, publish_and_wait
 
 from js_etl.config import JobConfig, load_config
+from js_etl.drain.run import run_drain
 from js_etl.errors import TerminalError
 from js_etl.jetstream import AckPolicy, ConsumerConfig, JetStreamSession
 from js_etl.jetstream.errors import ConsumerConfigError, ConsumerNotFoundError, StreamNotFoundError
-from js_etl.spark.drain import run_drain
 
 SCHEMA = "id BIGINT, kind STRING"
 
@@ -310,7 +310,7 @@ def test_a_table_whose_types_disagree_with_the_schema_is_refused_before_any_fetc
 
 def test_a_round_that_fails_after_its_fetch_releases_its_deliveries_at_once(
         spark, js, names, nats_server, tmp_path, monkeypatch):
-    from js_etl.spark import drain as drain_module
+    from js_etl.drain import run as drain_module
 
     add_stream(js, names)
     publish_and_wait(js, names, [(f"{names.prefix}.e", b"m") for _ in range(50)])

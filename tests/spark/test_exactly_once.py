@@ -24,7 +24,16 @@ from streams import AfterEachRound, started_together
 from test_faults import assert_exactly_once, config_for, events, setup_stream
 
 from js_etl.config import load_config
+from js_etl.delta.table import CommitTag, DeltaTarget
 from js_etl.demo.publish import publish, wait_for_messages
+from js_etl.drain import lock as lock_module
+from js_etl.drain import run as drain_module
+from js_etl.drain.acks import RunAcks
+from js_etl.drain.lock import TableLock
+from js_etl.drain.rounds import RoundStats
+from js_etl.drain.run import run_drain
+from js_etl.drain.writers import WriteContext
+from js_etl.drain.writers.spark import SparkWriter
 from js_etl.durable import owner as owner_module
 from js_etl.durable.lease import lease_key
 from js_etl.durable.owner import LockOwner, ProcessId
@@ -33,25 +42,19 @@ from js_etl.jetstream import ConsumerConfig
 from js_etl.jetstream.errors import ConsumerConfigError, ConsumerUnavailableError
 from js_etl.jetstream.kv import KeyValue
 from js_etl.schema import RAW_DDL
-from js_etl.spark import drain as drain_module
-from js_etl.spark import lock as lock_module
-from js_etl.spark.delta import CommitTag, DeltaTarget
-from js_etl.spark.drain import run_drain
-from js_etl.spark.lock import TableLock
-from js_etl.spark.rounds import RoundStats
 
 pytestmark = pytest.mark.slow
 
 
 def die_before_first_ack(monkeypatch: pytest.MonkeyPatch) -> None:
     """The run's first ack raises: a round is committed and never acked (a crash there)."""
-    real = drain_module.Drain._ack
+    real = RunAcks.ack
 
     def ack_once(self: Any, *args: Any, **kw: Any) -> int:
-        monkeypatch.setattr(drain_module.Drain, "_ack", real)
+        monkeypatch.setattr(RunAcks, "ack", real)
         raise RuntimeError("died between commit and ack")
 
-    monkeypatch.setattr(drain_module.Drain, "_ack", ack_once)
+    monkeypatch.setattr(RunAcks, "ack", ack_once)
 
 
 # --- 1. acks confirmed applied before the next round's pulls ---------------------------------
@@ -113,8 +116,8 @@ def test_a_fetch_failed_by_a_nats_outage_is_ridden_out_within_the_run(spark, js,
     def fetch_then_fail(self: Any, *args: Any, **kw: Any) -> Any:
         if failed:
             return real(self, *args, **kw)
-        _, blocks = real(self, *args, **kw)  # its tasks pulled: those deliveries are out
-        self._release_blocks(blocks)
+        fetched = real(self, *args, **kw)  # its tasks pulled: those deliveries are out
+        self.writer.discard(fetched)
         failed.append(js.consumer_info(names.stream, names.consumer).num_ack_pending)
         raise ConsumerUnavailableError("no consumer answered (503): its leader is being "
                                        "elected, or it does not exist", code=503)
@@ -292,7 +295,7 @@ def test_job_round_of_a_path_with_a_percent_sign_is_sparks_not_its_unescaped_nei
 
 
 def test_job_round_of_a_table_deltalake_cannot_read_comes_from_sparks_snapshot(spark, tmp_path):
-    from js_etl.spark.delta import _deltalake_table
+    from js_etl.delta.table import _deltalake_table
 
     path = tmp_path / "t"
     spark.sql(f"CREATE TABLE delta.`{path}` (stream STRING, seq BIGINT, consumer_seq BIGINT, "
@@ -498,7 +501,7 @@ def test_fence_on_an_empty_consumer_runs_no_spark_job(spark, js, names, nats_ser
 
 
 def test_a_round_holding_a_seq_twice_keeps_only_its_latest_delivery(spark, tmp_path):
-    """The second line of defence behind the round deadline (js_etl.spark.drain): a round whose
+    """The second line of defence behind the round deadline (js_etl.drain.run): a round whose
     fetch holds a seq twice — a redelivery inside the round — is seen by the round's stats,
     and only the latest delivery of that seq is kept for the tables."""
     config = load_config(None, [
@@ -506,18 +509,21 @@ def test_a_round_holding_a_seq_twice_keeps_only_its_latest_delivery(spark, tmp_p
         f"target.path={tmp_path / 'table'}", "decode.format=json", "decode.schema=id BIGINT",
     ], environ={})
     drain = drain_module.Drain(spark, config, config.nats.connection_options())
+    writer = SparkWriter(WriteContext(spark, config, drain.target, drain.dead_letters,
+                                      drain.decoder, drain.run_id, drain.ack_prefix, None))
     deliveries = [(1, 1, 1, b'{"id":1}'), (2, 2, 1, b'{"id":2}'), (1, 3, 2, b'{"id":10}'),
                   (3, 4, 1, b"[1]")]  # (seq, consumer_seq, num_delivered, payload)
     fetched = drain.decoder.flag(spark.createDataFrame(
         [("s.x", "S", seq, cseq, n, None, None, bytearray(data), True)
          for seq, cseq, n, data in deliveries], RAW_DDL))
-    assert drain._stats(fetched)[0] == RoundStats(n=4, distinct=3, dead=1, bytes=28, first=1,
-                                                  last=3)
-    deduped, blocks = drain._dedupe(fetched)
+    assert writer._stats(fetched)[0] == RoundStats(n=4, distinct=3, dead=1, bytes=28, first=1,
+                                                   last=3)
+    deduped = writer._dedupe(fetched)
     try:
-        assert drain._stats(deduped)[0] == RoundStats(n=3, distinct=3, dead=1, bytes=20,
-                                                      first=1, last=3)
-        kept = {(r.seq, r.consumer_seq, r.id) for r in drain.decoder.rows(deduped).collect()}
+        assert writer._stats(deduped.rows)[0] == RoundStats(n=3, distinct=3, dead=1, bytes=20,
+                                                            first=1, last=3)
+        kept = {(r.seq, r.consumer_seq, r.id)
+                for r in drain.decoder.rows(deduped.rows).collect()}
         assert kept == {(1, 3, 10), (2, 2, 2)}
     finally:
-        drain._release_blocks(blocks)
+        writer.discard(deduped)

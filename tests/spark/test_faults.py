@@ -25,6 +25,8 @@ from streams import AfterEachRound, ack, nak, run_until
 from js_etl.config import load_config
 from js_etl.demo.publish import publish, wait_for_messages
 from js_etl.demo.server import LocalNatsServer
+from js_etl.drain.lock import TableLock
+from js_etl.drain.run import run_drain
 from js_etl.errors import RunRefusedError
 from js_etl.jetstream import (
     ConnectionOptions,
@@ -33,8 +35,6 @@ from js_etl.jetstream import (
     PriorityGroupRequest,
     PriorityPolicy,
 )
-from js_etl.spark.drain import run_drain
-from js_etl.spark.lock import TableLock
 
 pytestmark = pytest.mark.slow
 

@@ -18,14 +18,14 @@ import pytest
 from streams import add_stream, publish_and_wait, settled
 
 from js_etl.config import load_config
+from js_etl.decode.spark import Decoder, with_partition_columns
+from js_etl.drain.run import run_drain
 from js_etl.errors import ConfigError, TerminalError
 from js_etl.jetstream.errors import (
     ConsumerConfigError,
     ConsumerNotFoundError,
     StreamNotFoundError,
 )
-from js_etl.spark.decode import Decoder, with_partition_columns
-from js_etl.spark.drain import run_drain
 
 BIN = Path(sys.executable).parent
 SCHEMA = "id BIGINT, kind STRING"

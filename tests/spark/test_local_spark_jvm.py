@@ -45,7 +45,7 @@ def test_local_spark_starts_its_jvm_with_js_etls_options(writer, submit_opts, co
 
 def test_local_workers_fork_from_a_daemon_that_imported_the_fetch_modules(spark):
     """Fresh Python workers (every new process; PySpark kills idle ones after a minute) start
-    with pyarrow and js-etl's fetch modules imported: forked from js_etl.spark.worker_daemon,
+    with pyarrow and js-etl's fetch modules imported: forked from js_etl.drain.worker_daemon,
     which imported them (its process maps pyarrow's library), not importing them each."""
 
     def worker_and_daemon(_: object) -> dict[str, object]:  # in a worker: its parent, the daemon
@@ -58,5 +58,5 @@ def test_local_workers_fork_from_a_daemon_that_imported_the_fetch_modules(spark)
                 "arrow_in_daemon": any(lib.startswith("libarrow_python") for lib in libraries)}
 
     [seen] = spark.sparkContext.parallelize([0], 1).map(worker_and_daemon).collect()
-    assert seen["daemon"][1:3] == ["-m", "js_etl.spark.worker_daemon"], seen
+    assert seen["daemon"][1:3] == ["-m", "js_etl.drain.worker_daemon"], seen
     assert seen["arrow_in_daemon"], seen

@@ -13,12 +13,12 @@ import pytest
 from streams import AfterEachRound
 from test_faults import config_for, events, setup_stream
 
+from js_etl.delta.table import DeltaTarget
+from js_etl.drain.run import run_drain
 from js_etl.durable.lease import lease_key
 from js_etl.durable.owner import LockOwner
 from js_etl.errors import RunRefusedError
 from js_etl.jetstream.kv import KeyValue
-from js_etl.spark.delta import DeltaTarget
-from js_etl.spark.drain import run_drain
 
 
 def seqs(spark: Any, path: Path) -> list[int]:

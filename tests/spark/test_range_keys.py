@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
+from js_etl.delta.keys import range_keys
+from js_etl.delta.table import DeltaTarget
 from js_etl.schema import ACK_KEY_COLUMNS
-from js_etl.spark.delta import DeltaTarget, range_keys
 
 STREAM = "S"
 

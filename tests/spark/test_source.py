@@ -16,8 +16,8 @@ from js_etl.errors import ConfigError, PurgedRangeError, RangeError
 from js_etl.jetstream import ConnectionOptions, JetStreamSession
 from js_etl.jetstream.errors import NatsUnavailableError, StreamNotFoundError
 from js_etl.jetstream.message import parse_headers
-from js_etl.spark import register
-from js_etl.spark.source import FAULT_PROPERTY, load_error, subject_matches
+from js_etl.source import register
+from js_etl.source.datasource import FAULT_PROPERTY, load_error, subject_matches
 
 COLUMNS = ["subject", "stream", "seq", "consumer_seq", "num_delivered", "published_at",
            "headers", "data", "error"]

@@ -1,4 +1,4 @@
-"""How the columnar writer creates a missing table (columnar.create_table, deltalake; no Spark,
+"""How the columnar writer creates a missing table (delta_table.create_table, deltalake; no Spark,
 no server): one CREATE commit whoever else creates it at the same moment."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from js_etl.spark import columnar
+from js_etl.delta import table as delta_table
 
 ROWS = StructType([StructField("stream", StringType()), StructField("seq", LongType()),
                    StructField("kind", StringType())])
@@ -19,7 +19,7 @@ def create(table: Path, column: str, start: threading.Barrier, outcomes: list[st
     rows = StructType([*ROWS.fields, StructField(column, StringType())])
     start.wait()
     try:
-        columnar.create_table(str(table), rows, ["kind"])
+        delta_table.create_table(str(table), rows, ["kind"])
         outcomes.append("created")
     except Exception as e:  # deltalake's errors have no common base
         outcomes.append(type(e).__name__)
@@ -55,4 +55,4 @@ def test_two_creates_at_once_make_one_commit_and_the_loser_raises(tmp_path: Path
 ])
 def test_spark_creates_what_only_it_creates_as_it_would(conf, name, by_spark) -> None:
     rows = StructType([*ROWS.fields[:2], StructField(name, StringType())])
-    assert columnar.needs_spark_to_create(rows, conf) is by_spark
+    assert delta_table.needs_spark_to_create(rows, conf) is by_spark

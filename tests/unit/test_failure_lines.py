@@ -1,5 +1,5 @@
 """What a failure says in one line (js_etl.spark.failures) and which table a job cannot append
-to (js_etl.spark.delta.schema_problem): pure logic on texts and Spark types, no JVM."""
+to (js_etl.delta.table.schema_problem): pure logic on texts and Spark types, no JVM."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from js_etl.spark.delta import TableShape, schema_problem
+from js_etl.delta.rules import TableShape, schema_problem
 from js_etl.spark.failures import failure_reason, java_root_cause
 
 PY4J_TEXT = """An error occurred while calling o53.getFileSystem.

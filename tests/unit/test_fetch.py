@@ -8,8 +8,8 @@ import pytest
 
 from js_etl.errors import TerminalError
 from js_etl.jetstream import Deliveries, JsMessage
+from js_etl.jetstream.arrow import binary_array, to_record_batch
 from js_etl.schema import raw_arrow
-from js_etl.spark.fetch import binary_array, to_record_batch
 
 PREFIX = "$JS.ACK.ORDERS.drain"
 

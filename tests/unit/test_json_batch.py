@@ -1,5 +1,5 @@
-"""pyarrow's batch JSON decode (js_etl/spark/json_batch.py) against the per-payload decoder
-(js_etl/spark/source_decode.py): what pyarrow does that makes the screens necessary, hostile
+"""pyarrow's batch JSON decode (js_etl/decode/json_batch.py) against the per-payload decoder
+(js_etl/decode/arrow.py): what pyarrow does that makes the screens necessary, hostile
 batches kept away from it, and a differential fuzz — whenever the batch path answers, every
 row must be exactly what the per-payload decoder makes of that payload. Pure: no JVM."""
 
@@ -17,9 +17,9 @@ import pyarrow.json as pj
 import pytest
 
 from js_etl.config.model import DecodeConfig
-from js_etl.spark import json_batch
-from js_etl.spark.json_batch import MAX_BRACKETS, _scan, decode_json_batch, supported
-from js_etl.spark.source_decode import decode_json
+from js_etl.decode import json_batch
+from js_etl.decode.arrow import decode_json
+from js_etl.decode.json_batch import MAX_BRACKETS, _scan, decode_json_batch, supported
 
 DDL = "id BIGINT, n INT, s SMALLINT, t TINYINT, d DOUBLE, kind STRING, ok BOOLEAN"
 FIELDS = ("id", "n", "s", "t", "d", "kind", "ok")
@@ -299,8 +299,8 @@ def test_whenever_the_batch_path_answers_it_answers_what_the_decoder_does(
 # --- the data source's decoder: the same record batch whichever path decodes it -------------
 def test_the_data_sources_batches_are_the_same_whichever_path_decodes_them(
         spark_schema, monkeypatch):
+    from js_etl.decode import arrow as source_decode
     from js_etl.schema import raw_arrow
-    from js_etl.spark import source_decode
 
     payloads = [b'{"id":%d,"kind":"k\\u00e9%d","d":%d.5,"ok":true,"x":{"y":[1]}}' % (i, i, i)
                 for i in range(50)]

@@ -1,5 +1,5 @@
 """Which JVM options local Spark starts with (js_etl.spark.session.local_jvm_options), and when a
-drain's settings say it will use the columnar writer (js_etl.spark.columnar.expects_columnar):
+drain's settings say it will use the columnar writer (js_etl.drain.writers.columnar_plan.expects_columnar):
 pure logic. tests/spark/test_local_spark_jvm.py starts the JVMs."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from js_etl.config import load_config
-from js_etl.spark.columnar import expects_columnar
+from js_etl.drain.writers.columnar_plan import expects_columnar
 from js_etl.spark.session import local_jvm_options
 
 JSON_JOB = ("source.stream=S", "source.consumer=c", "target.path=/lake/t", "decode.format=json",

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from js_etl.config import load_config
+from js_etl.drain.rounds import RoundSize, RoundStats, plan_round
 from js_etl.jetstream import ConsumerInfo
-from js_etl.spark.rounds import RoundSize, RoundStats, plan_round
 
 MiB = 1 << 20
 ANY = 2**62  # no run.max_bytes: a partition may fetch any number of bytes

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from js_etl.spark.delta import files_holding_seqs
+from js_etl.delta.table import files_holding_seqs
 
 
 def rows(seqs: range) -> pa.Table:

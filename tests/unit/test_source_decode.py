@@ -1,4 +1,4 @@
-"""The data source's Python JSON decoding (js_etl/spark/source_decode.py): pure, no JVM."""
+"""The data source's Python JSON decoding (js_etl/decode/arrow.py): pure, no JVM."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from js_etl.config.model import DecodeConfig
-from js_etl.spark.source_decode import decode_json
+from js_etl.decode.arrow import decode_json
 
 DECODE = DecodeConfig(format="json", schema="id BIGINT, n DECIMAL(10,2), tags ARRAY<STRING>")
 

@@ -11,10 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from js_etl.config import load_config
+from js_etl.delta import files as task_files_module
+from js_etl.delta.files import PartitionColumn, TaskFiles
 from js_etl.schema import dead_letter_arrow
-from js_etl.spark import columnar
-from js_etl.spark.columnar import ColumnarPlan, PartitionColumn
 
 DAY_1 = datetime(2026, 11, 24, 23, 59, tzinfo=UTC)
 DAY_2 = datetime(2026, 11, 25, 0, 1, tzinfo=UTC)
@@ -33,24 +32,20 @@ def rows(first: int, n: int, day: datetime, kind: str = "order") -> pa.RecordBat
 
 
 def task_files(tmp_path, *partitions: PartitionColumn,
-               dead_letter_directory: str | None = None) -> columnar._TaskFiles:
-    decode = load_config(None, ["source.stream=S", "source.consumer=c", "target.path=/t",
-                                "decode.format=json", "decode.schema=kind STRING, pad STRING"],
-                         environ={}).decode
-    plan = ColumnarPlan(str(tmp_path), decode, "{}", partitions, None, "part-run",
-                        dead_letter_directory)
-    return columnar._TaskFiles(plan, "part-run-r1-t0")
+               dead_letter_directory: str | None = None) -> TaskFiles:
+    return TaskFiles(str(tmp_path), dead_letter_directory or str(tmp_path), partitions,
+                     "part-run-r1-t0")
 
 
 def test_rows_are_written_a_row_group_at_a_time_and_the_statistics_cover_the_file(
         tmp_path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(columnar, "ROW_GROUP_BYTES", rows(1, 100, DAY_1).nbytes * 2)
+    monkeypatch.setattr(task_files_module, "ROW_GROUP_BYTES", rows(1, 100, DAY_1).nbytes * 2)
     with task_files(tmp_path) as files:
         for first in range(1, 1001, 100):
             files.add(rows(first, 100, DAY_1))
             # Never more than a row group's worth of rows held: the rest is in the file.
             held = sum(f.pending_bytes for f in files._files.values())
-            assert held < columnar.ROW_GROUP_BYTES
+            assert held < task_files_module.ROW_GROUP_BYTES
         (written,) = files.close()[0]
     parquet = pq.ParquetFile(tmp_path / written.path)
     assert parquet.metadata.num_row_groups == 5
@@ -82,13 +77,13 @@ def test_each_partition_value_gets_its_own_file_across_batches(tmp_path):
 def test_the_rows_held_are_bounded_over_all_files_not_per_file(
         tmp_path, monkeypatch: pytest.MonkeyPatch):
     # Many partition values must not each hold a row group's worth of rows.
-    monkeypatch.setattr(columnar, "ROW_GROUP_BYTES", rows(1, 100, DAY_1).nbytes * 3)
+    monkeypatch.setattr(task_files_module, "ROW_GROUP_BYTES", rows(1, 100, DAY_1).nbytes * 3)
     with task_files(tmp_path, PartitionColumn("kind", "kind")) as files:
         for first in range(1, 1001, 50):
             files.add(pa.concat_batches([rows(first, 25, DAY_1, f"k{first % 7}"),
                                          rows(first + 25, 25, DAY_1, f"k{first % 5}")]))
             held = sum(f.pending_bytes for f in files._files.values())
-            assert held < columnar.ROW_GROUP_BYTES
+            assert held < task_files_module.ROW_GROUP_BYTES
         written = files.close()[0]
     assert len(written) == 7  # k0 .. k6
     seqs = sorted(s for f in written
@@ -99,7 +94,7 @@ def test_the_rows_held_are_bounded_over_all_files_not_per_file(
 def test_a_task_keeps_at_most_max_open_files_open(tmp_path, monkeypatch: pytest.MonkeyPatch):
     # A file handle each: rows of many partition values must not run out of them (a break-it
     # review: 1,500 values failed at a 1,024-file limit, every attempt alike).
-    monkeypatch.setattr(columnar, "MAX_OPEN_FILES", 3)
+    monkeypatch.setattr(task_files_module, "MAX_OPEN_FILES", 3)
     with task_files(tmp_path, PartitionColumn("kind", "kind")) as files:
         for first in range(1, 201, 20):
             files.add(pa.concat_batches([rows(first + i, 1, DAY_1, f"k{(first + i) % 8}")

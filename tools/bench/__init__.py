@@ -13,7 +13,7 @@ stream three times, each leg on its own fresh durable pull consumer (explicit ac
    the drain has partitions, payloads discarded, same ``fetch.batch`` / ``fetch.max_bytes``;
 2. **simple peer** — one process: pull, decode the JSON batch with pyarrow, write it with the
    ``deltalake`` package (``write_deltalake(mode="append")``), then ack;
-3. **js-etl** — the real drain (:func:`js_etl.spark.drain.run_drain`) into a Delta table, JSON
+3. **js-etl** — the real drain (:func:`js_etl.drain.run.run_drain`) into a Delta table, JSON
    decoded by the writer ``target.writer: auto`` picks, partitioned by
    ``to_date(published_at) AS date``, on local Spark with Spark's default 1 GiB heap.
    Spark start-up (and a small warm-up drain) happen before the timed section and are reported

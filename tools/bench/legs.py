@@ -186,7 +186,7 @@ def memory_child(index: int, overrides: list[str], warmup: list[str] | None, n: 
     spark = None
     try:
         from js_etl.config import load_config
-        from js_etl.spark.drain import run_drain
+        from js_etl.drain.run import run_drain
 
         config = load_config(None, overrides, environ={})
         started = time.monotonic()

@@ -186,7 +186,7 @@ class Bench:
                     "table": table})
 
     def js_etl_leg(self, pub: dict[str, Any], n: int, run: int) -> Leg:
-        from js_etl.spark.drain import run_drain
+        from js_etl.drain.run import run_drain
 
         stream, durable = pub["stream"], f"jsetl{run}"
         config = self.config(stream, durable, f"{stream}_jsetl{run}")
@@ -241,7 +241,7 @@ class Bench:
         self.out(f"spark {self.spark.version} started in {info['spark_startup_seconds']} s "
                  f"(master {self.spark.sparkContext.master}; not timed)")
         if self.s.warmup:
-            from js_etl.spark.drain import run_drain
+            from js_etl.drain.run import run_drain
 
             pub = self.publish(WARMUP_MESSAGES, 256)
             self.add_consumer(pub["stream"], "warmup", JS_ETL_MAX_ACK_PENDING)

@@ -13,7 +13,7 @@ How a read is planned, and why it is deterministic:
 
 * ``load()`` runs :meth:`NatsJetStreamSource.schema` in a Python worker on the driver. It checks
   every option (a bad one fails here, naming it), connects, and resolves the range to stream
-  sequences with the backfill's resolver (:func:`~js_etl.spark.read_range.resolve_sequences`):
+  sequences with the backfill's resolver (:func:`~js_etl.source.read_range.resolve_sequences`):
   inclusive bounds, RFC 3339 times, the end defaulting to the stream's last sequence *now*.
   Spark pickles the source after ``schema()``, so the resolved range travels with the DataFrame:
   every action on it reads the same sequences, however much is published meanwhile.
@@ -24,7 +24,7 @@ How a read is planned, and why it is deterministic:
   the rows are what Spark's own filter would keep; they disappear from the physical plan's
   ``Filter``.
 * :meth:`NatsJetStreamReader.partitions` cuts the range into contiguous sub-ranges;
-  :meth:`NatsJetStreamReader.read` reads one with :func:`~js_etl.spark.read_range.read_range` —
+  :meth:`NatsJetStreamReader.read` reads one with :func:`~js_etl.source.read_range.read_range` —
   its own ephemeral, ack-none consumer, by position — so a retried or recomputed task reads the
   same messages. No durable consumer is ever read or changed.
 
@@ -45,6 +45,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from js_etl.config.model import DecodeConfig
+from js_etl.decode.arrow import BatchDecoder
 from js_etl.durable.policy import source_stream_info
 from js_etl.errors import ConfigError, JsEtlError
 from js_etl.faults import fail_first_attempt
@@ -52,15 +53,14 @@ from js_etl.instant import format_instant, parse_instant
 from js_etl.jetstream import ConnectionOptions, JetStreamSession
 from js_etl.jetstream.admin import first_message_at_or_after
 from js_etl.schema import ORIGIN_COLUMNS, ORIGIN_DDL
-from js_etl.spark.read_range import (
+from js_etl.source.options import SourceOptions
+from js_etl.source.read_range import (
     RangeFetchPlan,
     Spelling,
     read_range,
     resolve_sequences,
     split_range,
 )
-from js_etl.spark.source_decode import BatchDecoder
-from js_etl.spark.source_options import SourceOptions
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -82,7 +82,7 @@ try:  # pyspark is a dependency of js_etl.spark; the import is kept local to thi
         StringStartsWith,
     )
 except ImportError as e:  # pragma: no cover - pyspark < 4.1
-    raise ImportError(f"js_etl.spark.source needs pyspark >= 4.1 (pyspark.sql.datasource "
+    raise ImportError(f"js_etl.source.datasource needs pyspark >= 4.1 (pyspark.sql.datasource "
                       f"with filter pushdown): {e}") from None
 
 NAME = "nats_jetstream"

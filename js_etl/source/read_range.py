@@ -1,6 +1,6 @@
 """The one range reader: a contiguous range of a stream's sequences, read by position without
-touching any durable consumer. Used by ``js-etl backfill`` (:mod:`js_etl.spark.backfill`) and by
-the ``nats_jetstream`` Spark data source (:mod:`js_etl.spark.source`).
+touching any durable consumer. Used by ``js-etl backfill`` (:mod:`js_etl.backfill.run`) and by
+the ``nats_jetstream`` Spark data source (:mod:`js_etl.source.datasource`).
 
 * :class:`RangeRequest` and :func:`resolve_sequences` (driver, NATS only): a start and end, as
   sequences or RFC 3339 times, inclusive, become stream sequences ``[lo, hi]``; the end defaults
@@ -8,11 +8,11 @@ the ``nats_jetstream`` Spark data source (:mod:`js_etl.spark.source`).
   sub-ranges, one per Spark partition.
 * :func:`read_range` (executors): one partition = one ephemeral consumer reading one contiguous
   sub-range by position, without acks, then deleted. It emits the same raw Arrow rows as the
-  drain's fetch (:func:`js_etl.spark.fetch.to_record_batch`).
+  drain's fetch (:func:`js_etl.jetstream.arrow.to_record_batch`).
 
 Re-executing a partition reads exactly the same messages again (its own consumer, by position,
 no acks), as long as the range and the stream's content are the same: see
-:mod:`js_etl.spark.backfill`.
+:mod:`js_etl.backfill.run`.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from js_etl.jetstream import (
     ack_prefix,
 )
 from js_etl.jetstream.admin import first_message_at_or_after
+from js_etl.jetstream.arrow import raise_for_pull, task_gc, to_record_batch
 from js_etl.jetstream.errors import JetStreamError, NatsUnavailableError
-from js_etl.spark.fetch import raise_for_pull, task_gc, to_record_batch
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from typing import Any
 from js_etl.config.model import DecodeConfig, FetchConfig, NatsConfig, TlsConfig
 from js_etl.errors import ConfigError, RangeError
 from js_etl.instant import format_instant, parse_instant
-from js_etl.spark.read_range import RangeRequest
+from js_etl.source.read_range import RangeRequest
 
 # option -> the config key that checks it (same kinds and rules as the job config's)
 _CONNECTION = {

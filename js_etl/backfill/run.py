@@ -3,7 +3,7 @@ explicit ``rewind`` of the durable consumer, the one way to move a drain's posit
 :mod:`js_etl.durable.rewind`.
 
 This module plans and orchestrates; the executors' range reader is
-:mod:`js_etl.spark.read_range`, the MERGE is :func:`js_etl.spark.delta.merge_new_rows`.
+:mod:`js_etl.source.read_range`, the MERGE is :func:`js_etl.delta.merge.merge_new_rows`.
 
 A backfill never touches the durable consumer. It plans on the driver (NATS only, so a bad range
 fails in a second, before Spark starts), then reads on executors and writes once:
@@ -50,7 +50,7 @@ Duplicates — what we rely on:
   sequences, now and later. To load history *before* a drain takes over, create or ``rewind`` the
   durable consumer to start after the range first.
 * **Rows and dead letters** come from the same fetch: the
-  :class:`~js_etl.spark.decode.Decoder` splits it, and each half is merged into its own table on
+  :class:`~js_etl.decode.spark.Decoder` splits it, and each half is merged into its own table on
   ``(stream, seq)``.
 
 Backfill commits are tagged (``userMetadata``) with job ``js-etl-backfill:<stream>:<consumer>``,
@@ -69,6 +69,9 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from js_etl.config import JobConfig
+from js_etl.decode.spark import Decoder, with_partition_columns
+from js_etl.delta.merge import merge_new_rows
+from js_etl.delta.table import CommitTag, DeltaTarget, job_tables, same_table
 from js_etl.durable.policy import consumer_add_command_at, source_stream_info
 from js_etl.errors import PurgedRangeError, RangeError
 from js_etl.jetstream import (
@@ -84,9 +87,7 @@ from js_etl.jetstream.admin import first_message_at_or_after as first_message_at
 from js_etl.jetstream.errors import ConsumerNotFoundError
 from js_etl.report import RunReport, StopReason
 from js_etl.schema import RAW_DDL
-from js_etl.spark.decode import Decoder, with_partition_columns
-from js_etl.spark.delta import CommitTag, DeltaTarget, job_tables, merge_new_rows, same_table
-from js_etl.spark.read_range import (
+from js_etl.source.read_range import (
     RangeFetchPlan,
     RangeRequest,
     fetch_range_partition,

@@ -1,5 +1,5 @@
 """A whole batch of JSON payloads decoded by one pyarrow parse — only where that provably gives
-what the per-payload decoder (:func:`js_etl.spark.source_decode.decode_json`) gives, payload
+what the per-payload decoder (:func:`js_etl.decode.arrow.decode_json`) gives, payload
 for payload; otherwise :func:`decode_json_batch` returns None and the caller decodes each
 payload itself.
 

@@ -2,7 +2,7 @@
 
 Decoding is column expressions (``from_json``), never per-row Python: the fetched Arrow batches
 go straight into Spark and are parsed there. Whether a payload is valid UTF-8 arrives with the
-fetched row (``data_is_utf8``, checked by Arrow on the executor, see :mod:`js_etl.spark.fetch`).
+fetched row (``data_is_utf8``, checked by Arrow on the executor, see :mod:`js_etl.drain.fetch`).
 """
 
 from __future__ import annotations
@@ -10,6 +10,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from js_etl.decode.reasons import (
+    ARRAY,
+    DOCUMENT_STARTS,
+    EMPTY,
+    MALFORMED,
+    NO_FIELD,
+    NOT_JSON,
+    NOT_UTF8,
+    SEVERAL,
+    TRAILING,
+    WHITESPACE,
+)
 from js_etl.errors import ConfigError
 from js_etl.schema import (
     CORRUPT,
@@ -29,28 +41,11 @@ Format = Literal["raw", "text", "json"]
 UnknownFields = Literal["ignore", "dead_letter"]
 
 
-# Dead-letter reasons (``error``) of the json format. The first four are kept from before.
-NOT_UTF8 = "payload is not valid UTF-8"
-EMPTY = "empty payload"
-MALFORMED = "malformed JSON"
-NOT_JSON = "payload is not JSON"
-WHITESPACE = "payload is only whitespace: no JSON value"
-TRAILING = "data after the JSON value: a payload must be exactly one JSON value"
-ARRAY = "payload is a JSON array: decode.schema describes one JSON object per message"
-# Reasons with a part taken from the payload, where "{}" stands.
-SEVERAL = "payload holds {} JSON values: a payload must be exactly one JSON value"
-NO_FIELD = ("JSON object has none of decode.schema's fields (it has: {}); fix decode.schema, or "
-            "set decode.keep_raw to keep such payloads in the row")
-
 # Spark's JSON parser accepts single-quoted strings and NaN/Infinity unless told not to: a
 # payload is good only if it is JSON.
 _STRICT = {"allowSingleQuotes": "false", "allowNonNumericNumbers": "false"}
 _JSON_WHITESPACE = (" ", "\t", "\n", "\r")
-# One rule in every decoder: a payload that is not one JSON value (nor values separated by
-# commas) is "malformed JSON", or "data after the JSON value", only when it starts (after
-# whitespace) like a JSON document, an object or an array; else it is text, "payload is not
-# JSON" ("hello", "false alarm", "7 apples").
-_DOCUMENT_STARTS = ("{", "[")
+
 
 
 @dataclass(frozen=True)
@@ -160,8 +155,8 @@ class Decoder:
                  .when(F.length("data") == 0, F.lit(EMPTY))
                  .when(values == 0, F.lit(WHITESPACE))
                  .when(values.isNull() & F.get_json_object(text, "$").isNotNull()
-                       & first.isin(*_DOCUMENT_STARTS), F.lit(TRAILING))
-                 .when(values.isNull() & first.isin(*_DOCUMENT_STARTS), F.lit(MALFORMED))
+                       & first.isin(*DOCUMENT_STARTS), F.lit(TRAILING))
+                 .when(values.isNull() & first.isin(*DOCUMENT_STARTS), F.lit(MALFORMED))
                  .when(values.isNull(), F.lit(NOT_JSON))
                  .when(values > 1, _filled(SEVERAL, values.cast("string")))
                  .when(closes_early, F.lit(TRAILING))

@@ -1,10 +1,10 @@
 """Payload decoding in Python on the executor, for the ``nats_jetstream`` data source.
 
 A Python data source returns Arrow batches from its tasks: it cannot hand rows to Spark's JVM
-``from_json`` the way the drain does (:mod:`js_etl.spark.decode`). So the source decodes here,
+``from_json`` the way the drain does (:mod:`js_etl.decode.spark`). So the source decodes here,
 with the same rules and the same dead-letter reasons: a json payload is good only if it is
 exactly one JSON object matching the schema; anything else keeps its raw bytes in ``data`` and
-says why in ``error``. The drain's columnar writer (:mod:`js_etl.spark.columnar`) decodes with
+says why in ``error``. The drain's columnar writer (:mod:`js_etl.drain.writers.columnar`) decodes with
 it too, so it must give what Spark gives, payload for payload: tests/spark/test_columnar.py
 drains hostile payloads through both and compares the tables. Hostile payloads are reasons,
 never a crashed task, and the reasons are Spark's: nesting deeper than Spark's parser allows
@@ -15,7 +15,7 @@ would refuse it past 4,300 (tests/unit/test_source_decode.py); a non-string valu
 column is written back as Spark's Jackson writes it.
 
 A batch whose payloads are provably decoded the same way by one pyarrow parse goes that way
-instead (:mod:`js_etl.spark.json_batch`); any other batch is decoded payload by payload here.
+instead (:mod:`js_etl.decode.json_batch`); any other batch is decoded payload by payload here.
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ from typing import TYPE_CHECKING, Any, cast
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from js_etl.decode import reasons
+from js_etl.decode.json_batch import MAX_INTEGER_DIGITS, MAX_NAME_LENGTH, decode_json_batch
 from js_etl.errors import JsEtlError
 from js_etl.instant import parse_instant
-from js_etl.spark import decode as reasons
-from js_etl.spark.json_batch import MAX_INTEGER_DIGITS, MAX_NAME_LENGTH, decode_json_batch
 
 if TYPE_CHECKING:
     from pyspark.sql.types import DataType, StructType
@@ -170,7 +170,7 @@ def decode_json(payload: bytes, is_utf8: bool, schema: StructType, decode: Decod
         return None, reasons.WHITESPACE
     depth = _depth(payload) if payload.count(b"[") + payload.count(b"{") >= MAX_DEPTH else 0
     if depth > MAX_DEPTH:
-        return None, (reasons.MALFORMED if stripped[0] in reasons._DOCUMENT_STARTS
+        return None, (reasons.MALFORMED if stripped[0] in reasons.DOCUMENT_STARTS
                       else reasons.NOT_JSON)
     if depth == MAX_DEPTH:
         # Parsed by Spark, but one level too deep once wrapped in the [ ] of the drain's count
@@ -181,7 +181,7 @@ def decode_json(payload: bytes, is_utf8: bool, schema: StructType, decode: Decod
     except ValueError as e:
         if "Extra data" in str(e):
             return None, _trailing(text)
-        return None, (reasons.MALFORMED if stripped[0] in reasons._DOCUMENT_STARTS
+        return None, (reasons.MALFORMED if stripped[0] in reasons.DOCUMENT_STARTS
                       else reasons.NOT_JSON)
     if isinstance(value, list):
         return None, reasons.ARRAY
@@ -273,11 +273,11 @@ def _trailing(text: str) -> str:
     """Why a payload with data after its first JSON value is refused, as the drain's decoder
     says it: values separated by commas are counted (it counts the elements of ``[payload]``),
     anything else is trailing data after a document — or text, when the payload does not start
-    like one (``false alarm``: see ``reasons._DOCUMENT_STARTS``)."""
+    like one (``false alarm``: see ``reasons.DOCUMENT_STARTS``)."""
     try:
         values = _loads(f"[{text}]")
     except (ValueError, RecursionError):
-        starts_document = text.lstrip(" \t\n\r")[:1] in reasons._DOCUMENT_STARTS
+        starts_document = text.lstrip(" \t\n\r")[:1] in reasons.DOCUMENT_STARTS
         return reasons.TRAILING if starts_document else reasons.NOT_JSON
     return reasons.SEVERAL.format(len(values))
 

@@ -28,29 +28,27 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import unquote
 
+from js_etl.delta.rules import TableShape, local_directory, unwritable
 from js_etl.errors import TerminalError, TransientError
-from js_etl.schema import ACK_KEY_COLUMNS, REQUIRED_COLUMNS
+from js_etl.schema import REQUIRED_COLUMNS
 from js_etl.spark.session import hadoop_path, java_class
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
     from js_etl.config import JobConfig
-    from js_etl.spark.columnar import WrittenFile
+    from js_etl.delta.files import WrittenFile
 
 log = logging.getLogger("js_etl.delta")
 
 EVERY_SEQ = 2**63 - 1  # the highest stream sequence: "up to the end"
-MERGE_ATTEMPTS = 5  # a MERGE that loses to concurrent commits this often fails transiently
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,7 +236,7 @@ class DeltaTarget:
 
     def commit_files(self, spark: SparkSession, directory: str, files: list[WrittenFile],
                      tag: CommitTag) -> int:
-        """Commit Parquet files the round's tasks wrote (:mod:`js_etl.spark.columnar`) as round
+        """Commit Parquet files the round's tasks wrote (:mod:`js_etl.drain.writers.columnar`) as round
         ``tag.round`` of the job, in one transaction carrying the same ``txn`` action and
         ``userMetadata`` as :meth:`append`; returns the commit's version.
 
@@ -252,7 +250,6 @@ class DeltaTarget:
         # deltalake's snapshot, not Spark's: the same txn actions of the same log (the tests
         # read the round back through Spark), without the Spark job that Spark's snapshot runs
         # to gather them (measured: 0.56 s a call on a 1M-message run, four calls a round).
-        from js_etl.spark.columnar import unwritable
 
         table = DeltaTable(directory)
         recorded, before = table.transaction_version(tag.job) or 0, table.version()
@@ -362,51 +359,6 @@ def _checkpoint_as_spark_would(table: Any, target: DeltaTarget) -> None:
                     "commits until the next one", target, version, type(e).__name__, e)
 
 
-@dataclass(frozen=True, slots=True)
-class TableShape:
-    reader_version: int
-    writer_version: int
-    partition_columns: tuple[str, ...]
-    schema: StructType
-    configuration: dict[str, str]  # the table's properties
-
-
-def schema_problem(table: str, shape: TableShape, rows: StructType, partition_by: list[str], *,
-                   merge_schema: bool) -> str | None:
-    """Why Delta would refuse to append ``rows`` (partitioned by ``partition_by``) to an
-    existing table of ``shape`` — found before anything is fetched, where Delta's own refusal
-    (``DELTA_FAILED_TO_MERGE_FIELDS``) comes after the fetch and names no type. Delta without
-    type widening appends only a column of the very same type (nullability aside); a column the
-    table lacks only with ``decode.merge_schema``."""
-    have = {f.name.lower(): f.dataType for f in shape.schema.fields}
-    widening = shape.configuration.get("delta.enableTypeWidening", "").lower() == "true"
-    for field in rows.fields:
-        kind = have.get(field.name.lower())
-        if kind is None or kind.simpleString() == field.dataType.simpleString():
-            continue
-        if merge_schema and (widening or (_complex(kind) and _complex(field.dataType))):
-            continue  # Delta merges these itself (nested fields, widening): its call
-        return (f"table {table} has column {field.name} {kind.simpleString().upper()}, but this "
-                f"job writes it as {field.dataType.simpleString().upper()}: make decode.schema "
-                f"declare {field.name} {kind.simpleString().upper()}, or write into a new table")
-    new = [f.name for f in rows.fields if f.name.lower() not in have]
-    if new and not merge_schema:
-        return (f"table {table} has no column {', '.join(new)}: set decode.merge_schema to true "
-                "to add it, remove it from decode.schema, or write into a new table")
-    if partition_by and [c.lower() for c in partition_by] != [
-            c.lower() for c in shape.partition_columns]:
-        return (f"table {table} is partitioned by {list(shape.partition_columns) or 'nothing'}, "
-                f"this job by {partition_by}: make target.partition_by match the table, or "
-                "write into a new table")
-    return None
-
-
-def _complex(kind: Any) -> bool:
-    from pyspark.sql.types import ArrayType, MapType, StructType
-
-    return isinstance(kind, ArrayType | MapType | StructType)
-
-
 class JobTables(NamedTuple):
     """The two tables of a job: its rows, and its dead letters."""
 
@@ -470,7 +422,6 @@ class LocalView:
         import pyarrow as pa
         import pyarrow.dataset as ds
 
-        from js_etl.spark.columnar import local_directory
 
         files = files_holding_seqs(pa.table(self.table.get_add_actions(flatten=True)), first,
                                    last)
@@ -497,7 +448,6 @@ def _deltalake_table(location: str) -> LocalView | None:
     from deltalake import DeltaTable
     from deltalake.exceptions import DeltaError
 
-    from js_etl.spark.columnar import local_directory
 
     directory = local_directory(location)
     # deltalake lists the directory it is given but reads a %XX in it as an escape (a break-it
@@ -510,75 +460,6 @@ def _deltalake_table(location: str) -> LocalView | None:
     # OSError: the path is a regular file.
     except (DeltaError, OSError):
         return None
-
-
-def range_keys(spark: SparkSession, table: DeltaTarget, stream: str, first: int, last: int, *,
-               with_error: bool = False) -> pa.Table | None:
-    """``(seq, num_delivered, consumer_seq[, error])`` of the rows ``table`` holds for
-    ``stream`` in ``first..last``, as Arrow on the driver; None when no file can hold one.
-
-    Read by ``deltalake`` on the driver from the files the log names where those are the rows
-    (:meth:`LocalView.reads_files_as_rows`: reader protocol 1, no key column a partition
-    column), else through Delta by Spark, which plans the scan with Delta's data skipping
-    (``inputFiles``) and reads. Either way the files are chosen by their ``seq`` statistics, so
-    a round's range that no file holds yet, the common case, costs no Spark job. Measured on a
-    warm ``local[2]`` session, 100-message rounds, cProfile: through Spark the reads of a round of
-    Spark's writer took 1.4 s of
-    3.4 s, and the dead letters' of a columnar round 0.7 of 1.5 s. The answer is the log as read
-    at the call's start (Spark's ``inputFiles()`` answered for the log at its end): either way a
-    commit of another writer after that moment is not seen, and the check was never atomic with
-    the round's write (a break-it review forced that interleaving)."""
-    from pyspark.sql import functions as F
-
-    columns = _key_columns(with_error)
-    exists, view = table.exists_with_view(spark)
-    if not exists:
-        return None
-    if view is not None and view.reads_files_as_rows(("stream", *columns)):
-        return view.keys(stream, first, last, columns)
-    rows = table.read(spark).where((F.col("stream") == stream)
-                                   & F.col("seq").between(first, last))
-    return rows.select(*columns).toArrow() if rows.inputFiles() else None
-
-
-def files_holding_seqs(files: pa.Table, first: int, last: int) -> pa.Table:
-    """The add actions (``deltalake``'s ``get_add_actions(flatten=True)``) of the files that may
-    hold a ``seq`` in ``first..last``: those whose ``seq`` statistics overlap the range, and
-    every file without them. Callers check that the files' statistics and columns are the
-    table's (:meth:`LocalView.reads_files_as_rows`)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    # No statistics to judge by, or not an integer's (a string seq's sort as text).
-    if not all(name in files.column_names and pa.types.is_integer(files.schema.field(name).type)
-               for name in ("min.seq", "max.seq")):
-        return files
-    overlap = pc.and_(pc.less_equal(files.column("min.seq"), last),
-                      pc.greater_equal(files.column("max.seq"), first))
-    return files.filter(pc.fill_null(overlap, True))
-
-
-def no_keys(*, with_error: bool = False) -> pa.Table:
-    """An empty table of :func:`range_keys`' columns."""
-    import pyarrow as pa
-
-    return pa.table({c: pa.array([], pa.string() if c == "error" else pa.int64())
-                     for c in _key_columns(with_error)})
-
-
-def _key_columns(with_error: bool) -> tuple[str, ...]:
-    """The keys an ack is built from, and a dead letter's reason for its ``+TERM``."""
-    return (*ACK_KEY_COLUMNS, "error") if with_error else ACK_KEY_COLUMNS
-
-
-def keys_of(keys: pa.Table | None, seqs: pa.Array | pa.ChunkedArray, *,
-            with_error: bool = False) -> pa.Table:
-    """The rows of ``keys`` whose seq is one of ``seqs`` (no rows for None)."""
-    import pyarrow.compute as pc
-
-    if keys is None:
-        return no_keys(with_error=with_error)
-    return keys.filter(pc.is_in(keys.column("seq"), value_set=seqs))
 
 
 def _list_dir(spark: SparkSession, path: str) -> list[str]:
@@ -601,87 +482,6 @@ def log_actions(spark: SparkSession, location: str, version: int) -> list[dict[s
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-# --- MERGE: insert what the table lacks --------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class MergeResult:
-    inserted: int  # rows inserted
-    source_rows: int | None  # rows in the MERGE's source; None when its commit was not found
-    version: int | None  # the MERGE's commit; None when it was not found in the recent history
-
-
-def merge_new_rows(spark: SparkSession, table: DeltaTarget, source: DataFrame, tag: CommitTag, *,
-                   stream: str, lo: int, hi: int, partition_by: list[str], merge_schema: bool,
-                   on_attempt: Callable[[], None] = lambda: None) -> MergeResult:
-    """Insert the source rows (``stream``, seqs ``lo..hi``) whose ``(stream, seq)`` the table
-    lacks, in one commit tagged with ``tag``. ``on_attempt`` is called before every attempt.
-
-    Retries on a commit conflict: the retry re-reads the table, so rows a concurrent writer
-    added meanwhile are skipped.
-    """
-    from delta.exceptions import (
-        ConcurrentAppendException,
-        ConcurrentDeleteReadException,
-        ConcurrentTransactionException,
-        ConcurrentWriteException,
-        DeltaConcurrentModificationException,
-        MetadataChangedException,
-        ProtocolChangedException,
-    )
-
-    conflicts = (ConcurrentAppendException, ConcurrentDeleteReadException,
-                 ConcurrentTransactionException, ConcurrentWriteException,
-                 DeltaConcurrentModificationException, MetadataChangedException,
-                 ProtocolChangedException)
-    for attempt in range(1, MERGE_ATTEMPTS + 1):
-        on_attempt()
-        try:
-            with _user_metadata(spark, tag.to_json()):
-                if not table.exists(spark):
-                    create_empty(table, source, partition_by)
-                merge = (table.delta_table(spark).alias("t")
-                         .merge(source.alias("s"), _merge_condition(stream, lo, hi))
-                         .whenNotMatchedInsertAll())
-                if merge_schema:
-                    merge = merge.withSchemaEvolution()
-                metrics = merge.execute().first()
-            break
-        except conflicts as e:
-            if attempt == MERGE_ATTEMPTS:
-                raise TransientError(
-                    f"{table} kept changing under the backfill's MERGE ({attempt} attempts, "
-                    f"last: {type(e).__name__}); nothing was duplicated — retry when the "
-                    "drain is idle") from None
-            log.warning("backfill %s: MERGE into %s lost to a concurrent commit (%s); "
-                        "retrying", tag.run, table, type(e).__name__)
-            time.sleep(min(0.5 * 2 ** attempt, 8.0))
-    inserted = int(metrics["num_inserted_rows"]) if metrics is not None else 0
-    version, source_rows = _merge_commit(spark, table, tag)
-    return MergeResult(inserted, source_rows, version)
-
-
-def _merge_commit(spark: SparkSession, table: DeltaTarget, tag: CommitTag
-                  ) -> tuple[int | None, int | None]:
-    """(version, MERGE source row count) of the run's MERGE into ``table``."""
-    rows = (table.delta_table(spark).history(50)
-            .select("version", "operation", "userMetadata", "operationMetrics").collect())
-    for row in rows:
-        found = CommitTag.from_json(row["userMetadata"])
-        ours = found is not None and (found.job, found.run) == (tag.job, tag.run)
-        if ours and row["operation"] == "MERGE":
-            metrics = row["operationMetrics"] or {}
-            source = metrics.get("numSourceRows")
-            return int(row["version"]), None if source is None else int(source)
-    return None, None
-
-
-def _merge_condition(stream: str, lo: int, hi: int) -> Column:
-    from pyspark.sql import functions as F
-
-    # The target-only terms let Delta skip files outside the range (seq min/max statistics).
-    return ((F.col("t.stream") == F.col("s.stream")) & (F.col("t.seq") == F.col("s.seq"))
-            & (F.col("t.stream") == F.lit(stream)) & F.col("t.seq").between(lo, hi))
-
-
 def create_empty(table: DeltaTarget, source: DataFrame, partition_by: list[str]) -> None:
     """Create a missing table with the source's schema (``limit(0)``: nothing is computed), so
     that even the first backfill writes through MERGE."""
@@ -694,16 +494,58 @@ def create_empty(table: DeltaTarget, source: DataFrame, partition_by: list[str])
         writer.save(table.path)
 
 
-@contextmanager
-def _user_metadata(spark: SparkSession, text: str) -> Iterator[None]:
-    """Tag commits made through SQL/MERGE (no writer options there) via the session conf."""
-    key = "spark.databricks.delta.commitInfo.userMetadata"
-    previous = spark.conf.get(key, None)
-    spark.conf.set(key, text)
-    try:
-        yield
-    finally:
-        if previous is None:
-            spark.conf.unset(key)
-        else:
-            spark.conf.set(key, previous)
+# Characters Delta's Spark writer refuses in a column name without column mapping (measured,
+# delta-spark 4.4.0: DELTA_INVALID_CHARACTERS_IN_COLUMN_NAMES); deltalake's create takes them.
+_REFUSED_IN_NAMES = frozenset(" ,;{}()\n\t=")
+
+
+# Session settings Delta applies to the tables Spark creates: column mapping, deletion vectors...
+_TABLE_DEFAULTS = "spark.databricks.delta.properties.defaults."
+
+
+def needs_spark_to_create(rows: StructType, setting_names: Iterable[str]) -> bool:
+    """Whether the missing table must be created by Spark, not :func:`create_table`: the session
+    sets defaults for new Delta tables, which only Spark's creation applies (the table may
+    then need the Spark writer), or a column name holds a character Spark's create refuses
+    (so that the run fails with Delta's own error, as with the Spark writer)."""
+    return (any(name.startswith(_TABLE_DEFAULTS) for name in setting_names)
+            or any(_REFUSED_IN_NAMES.intersection(name) for name in rows.fieldNames()))
+
+
+def create_table(directory: str, rows: StructType, partition_columns: list[str]) -> None:
+    """Create the missing table at ``directory`` for this writer, with ``deltalake``, the
+    library that commits its rounds: 10 ms of the driver, where Spark's empty append cost a
+    first run 0.66 JVM CPU-seconds (measured, issue 14). Its first commit holds what Spark's
+    would (protocol reader 1 / writer 2, the schema, the partition columns:
+    tests/spark/test_columnar.py compares the two), unless :func:`needs_spark_to_create`.
+
+    Raises if a table is there already, or another process created it meanwhile; the caller
+    then reads the table. Never retried: deltalake retries a commit that lost its version by
+    committing at the next one, and a lost CREATE became a second commit that replaced the
+    table's id, schema and partitioning (a break-it review: two processes creating one table,
+    24 of 40 races). Without retries the loser's commit fails, because the local file system
+    writes a version's log file only where none is (measured, deltalake 1.6.6: 0 of 540 races
+    with two commits, against 38 of 40 with
+    mode="error" and the default retries; tests/unit/test_create_table.py races two creates)."""
+    from deltalake import CommitProperties, DeltaTable, Schema
+
+    DeltaTable.create(directory, Schema.from_json(rows.json()), mode="error",
+                      partition_by=partition_columns or None,
+                      commit_properties=CommitProperties(max_commit_retries=0))
+
+
+def files_holding_seqs(files: pa.Table, first: int, last: int) -> pa.Table:
+    """The add actions (``deltalake``'s ``get_add_actions(flatten=True)``) of the files that may
+    hold a ``seq`` in ``first..last``: those whose ``seq`` statistics overlap the range, and
+    every file without them. Callers check that the files' statistics and columns are the
+    table's (:meth:`LocalView.reads_files_as_rows`)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    # No statistics to judge by, or not an integer's (a string seq's sort as text).
+    if not all(name in files.column_names and pa.types.is_integer(files.schema.field(name).type)
+               for name in ("min.seq", "max.seq")):
+        return files
+    overlap = pc.and_(pc.less_equal(files.column("min.seq"), last),
+                      pc.greater_equal(files.column("max.seq"), first))
+    return files.filter(pc.fill_null(overlap, True))

@@ -1,0 +1,113 @@
+"""What a table allows each writer: the schema Delta appends to, and the protocol, rules and location the columnar writer honours."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
+
+
+@dataclass(frozen=True, slots=True)
+class TableShape:
+    reader_version: int
+    writer_version: int
+    partition_columns: tuple[str, ...]
+    schema: StructType
+    configuration: dict[str, str]  # the table's properties
+
+
+def schema_problem(table: str, shape: TableShape, rows: StructType, partition_by: list[str], *,
+                   merge_schema: bool) -> str | None:
+    """Why Delta would refuse to append ``rows`` (partitioned by ``partition_by``) to an
+    existing table of ``shape`` — found before anything is fetched, where Delta's own refusal
+    (``DELTA_FAILED_TO_MERGE_FIELDS``) comes after the fetch and names no type. Delta without
+    type widening appends only a column of the very same type (nullability aside); a column the
+    table lacks only with ``decode.merge_schema``."""
+    have = {f.name.lower(): f.dataType for f in shape.schema.fields}
+    widening = shape.configuration.get("delta.enableTypeWidening", "").lower() == "true"
+    for field in rows.fields:
+        kind = have.get(field.name.lower())
+        if kind is None or kind.simpleString() == field.dataType.simpleString():
+            continue
+        if merge_schema and (widening or (_complex(kind) and _complex(field.dataType))):
+            continue  # Delta merges these itself (nested fields, widening): its call
+        return (f"table {table} has column {field.name} {kind.simpleString().upper()}, but this "
+                f"job writes it as {field.dataType.simpleString().upper()}: make decode.schema "
+                f"declare {field.name} {kind.simpleString().upper()}, or write into a new table")
+    new = [f.name for f in rows.fields if f.name.lower() not in have]
+    if new and not merge_schema:
+        return (f"table {table} has no column {', '.join(new)}: set decode.merge_schema to true "
+                "to add it, remove it from decode.schema, or write into a new table")
+    if partition_by and [c.lower() for c in partition_by] != [
+            c.lower() for c in shape.partition_columns]:
+        return (f"table {table} is partitioned by {list(shape.partition_columns) or 'nothing'}, "
+                f"this job by {partition_by}: make target.partition_by match the table, or "
+                "write into a new table")
+    return None
+
+
+def _complex(kind: Any) -> bool:
+    from pyspark.sql.types import ArrayType, MapType, StructType
+
+    return isinstance(kind, ArrayType | MapType | StructType)
+
+
+def location_problem(location: str) -> str | None:
+    """Why a table at ``location`` needs the Spark writer whatever it holds, or None."""
+    directory = local_directory(location)
+    if directory is None:
+        return f"the table is not on the local file system ({location})"
+    if "%" in directory:
+        return f"the table's path holds '%', which deltalake reads as an escape ({directory})"
+    return None
+
+
+def table_problem(table: TableShape, rows: StructType, partition_columns: list[str]
+                  ) -> str | None:
+    """Why the existing table needs the Spark writer, or None; ``rows`` is the schema the
+    drain's rows have, partition columns included."""
+    problem = unwritable(table.reader_version, table.writer_version, table.configuration,
+                         [f.metadata for f in table.schema.fields])
+    if problem:
+        return problem
+    if [f.name for f in table.schema.fields if not f.nullable]:
+        return "the table has NOT NULL columns"
+    if list(table.partition_columns) != partition_columns:
+        return (f"the table is partitioned by {list(table.partition_columns)}, the rows by "
+                f"{partition_columns}")
+    ours = {f.name: f.dataType.simpleString() for f in rows.fields}
+    theirs = {f.name: f.dataType.simpleString() for f in table.schema.fields}
+    if ours != theirs:
+        return "the table's columns differ from the rows' (schema evolution is the Spark writer's)"
+    return None
+
+
+def unwritable(reader_version: int, writer_version: int, configuration: Mapping[str, str],
+               column_metadata: Iterable[Mapping[str, Any]]) -> str | None:
+    """What of a table's protocol and rules the columnar writer would not honour, or None.
+    Checked when the writer is chosen (Spark's snapshot) and again before every commit
+    (deltalake's snapshot: another writer may add a rule during the run). The writer commits
+    files without checking their rows, so any rule on rows refuses it: a protocol above reader 1
+    / writer 2, a CHECK constraint, or column metadata other than a comment (an invariant, a
+    generation expression, a default, an identity)."""
+    if reader_version > 1 or writer_version > 2:
+        return (f"the table's protocol (reader {reader_version}, writer {writer_version}) has "
+                "features the columnar writer does not write")
+    if any(key.startswith("delta.constraints.") for key in configuration):
+        return "the table has CHECK constraints"
+    if any(set(metadata) - {"comment"} for metadata in column_metadata):
+        return ("the table has column rules (an invariant, a generated, default or identity "
+                "column)")
+    return None
+
+
+def local_directory(location: str) -> str | None:
+    if location.startswith("file:"):
+        return "/" + location.removeprefix("file:").lstrip("/")
+    if "://" in location or ":" in location.split("/")[0]:
+        return None
+    return os.path.abspath(location)

@@ -1,0 +1,214 @@
+"""What a job's settings let the columnar writer do, and the plan its fetch tasks carry."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from js_etl.delta.files import PartitionColumn
+from js_etl.delta.rules import local_directory
+from js_etl.schema import DEAD_LETTER, ORIGIN_COLUMNS, RAW_DDL, ddl
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.types import StructType
+
+    from js_etl.config import DecodeConfig, JobConfig
+
+
+# Spark's own name for the date of a timestamp column as a partition expression.
+_TO_DATE = re.compile(r"(?is)\s*to_date\s*\(\s*`?published_at`?\s*\)\s*")
+
+
+# Time zones in which to_date(published_at) is the UTC date the task computes.
+_UTC_ZONES = {"utc", "etc/utc", "gmt", "etc/gmt", "z", "+00:00"}
+
+
+# Origin columns a partition may copy: not the ones table_keys reads from the files.
+_COPYABLE_ORIGIN = ("subject",)
+
+
+# What the columnar writer decodes as Spark does. Not SMALLINT or TINYINT: Spark's parser takes
+# 200 into a TINYINT as -56 (a break-it review), the decoders refuse it.
+_WRITABLE_TYPES = ("bigint", "int", "double", "string", "boolean")
+
+
+_TYPES_PROBLEM = ("decode.schema has a type the columnar writer does not decode as Spark does "
+                  f"(it takes {', '.join(t.upper() for t in _WRITABLE_TYPES)})")
+
+
+# decode.schema as expects_columnar reads it without Spark: plain `name TYPE` pairs.
+_PLAIN_FIELD = re.compile(r"\s*(`?)([A-Za-z_][A-Za-z0-9_]*)\1\s+([A-Za-z]+)\s*")
+
+
+_PLAIN_TYPES = {"bigint": "bigint", "long": "bigint", "int": "int", "integer": "int",
+                "double": "double", "string": "string", "boolean": "boolean"}
+
+
+# What a partition column may copy: not DOUBLE (0.0 and -0.0 are one value to a filter and
+# two to a grouping, so a row went into two files: a break-it review).
+_PARTITION_TYPES = ("bigint", "int", "string", "boolean")
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnarPlan:
+    """What a fetch task needs to decode and write. Picklable: it travels to the executors."""
+
+    directory: str  # the table's local directory
+    decode: DecodeConfig
+    payload_json: str  # decode.schema as Spark's StructType JSON
+    partitions: tuple[PartitionColumn, ...]
+    park_after: int | None  # source.max_deliver (see Decoder.flag)
+    file_prefix: str  # "part-<run>-r<round>": which run and round wrote a file
+    # The dead-letter table's directory, where the tasks' dead-letter files are committed as
+    # they are; None: they go to ``directory``'s top level, for Spark's append to read.
+    dead_letter_directory: str | None
+
+    @property
+    def dead_letter_files(self) -> str:
+        """The directory the tasks' dead-letter file paths are relative to."""
+        return self.dead_letter_directory or self.directory
+
+
+def config_problem(spark: SparkSession, config: JobConfig) -> str | None:
+    """Why this job's settings need the Spark writer, or None."""
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    from js_etl.decode.json_batch import supported
+
+    problem = _decode_problem(config)
+    if problem:
+        return problem
+    payload = _payload_type(config.decode)
+    if not supported(to_arrow_type(payload, timezone="UTC")):
+        return _TYPES_PROBLEM
+    return _fields_problem(config, {f.name: f.dataType.simpleString() for f in payload.fields},
+                           spark.conf.get("spark.sql.session.timeZone") or "")
+
+
+def expects_columnar(config: JobConfig) -> bool:
+    """Whether a drain of ``config`` will write with the columnar writer, as far as its settings
+    tell before Spark starts (the table's rules are read later, by :func:`table_problem`): local
+    Spark starts its JVM for the writer it will serve (:func:`js_etl.spark.session.
+    local_jvm_options`). decode.schema is read without Spark, as plain ``name TYPE`` pairs
+    only; any other schema counts as no, which only starts the JVM as for Spark's writer."""
+    fields = _plain_fields(config.decode.schema or "")
+    return (config.target.writer != "spark" and _decode_problem(config) is None
+            and fields is not None
+            and _fields_problem(config, fields, config.spark.conf.get(
+                "spark.sql.session.timeZone", "UTC")) is None)
+
+
+def _plain_fields(ddl: str) -> dict[str, str] | None:
+    """``name TYPE, ...`` as {name: Spark's simple type name}, or None for any other schema (the
+    config has refused names that differ only in case)."""
+    fields: dict[str, str] = {}
+    for part in ddl.split(","):
+        match = _PLAIN_FIELD.fullmatch(part)
+        if match is None or match[3].lower() not in _PLAIN_TYPES:
+            return None
+        fields[match[2]] = _PLAIN_TYPES[match[3].lower()]
+    return fields  # never empty: "" splits into one part, which does not match
+
+
+def _decode_problem(config: JobConfig) -> str | None:
+    decode = config.decode
+    if decode.format != "json":
+        return f"decode.format is {decode.format} (the columnar writer decodes JSON)"
+    if decode.unknown_fields != "ignore":
+        return "decode.unknown_fields is dead_letter"
+    return None
+
+
+def _fields_problem(config: JobConfig, fields: Mapping[str, str], zone: str) -> str | None:
+    """The rest of :func:`config_problem`, on the payload's fields as {name: simple type}."""
+    from js_etl.config import partition_column_name
+
+    if not all(kind in _WRITABLE_TYPES for kind in fields.values()):
+        return _TYPES_PROBLEM
+    copyable = {name.lower() for name, kind in fields.items()
+                if kind in _PARTITION_TYPES} | set(_COPYABLE_ORIGIN)
+    for expression in config.target.partition_by:
+        name, plain = partition_column_name(expression)
+        if name and plain and name.lower() in copyable:
+            continue
+        if not (name and not plain and _TO_DATE.fullmatch(_computed(expression))):
+            return (f"target.partition_by {expression!r}: the columnar writer computes only "
+                    "to_date(published_at) AS <name> and copies columns")
+        if zone.lower() not in _UTC_ZONES:
+            return f"to_date(published_at) in session time zone {zone!r}, not UTC"
+    return None
+
+
+def columnar_plan(location: str, config: JobConfig, run_id: str,
+                  dead_letter_directory: str | None) -> ColumnarPlan:
+    """The plan of a job :func:`config_problem`, :func:`location_problem` and
+    :func:`table_problem` accepted."""
+    directory = local_directory(location)
+    assert directory is not None  # location_problem accepted it
+    payload = _payload_type(config.decode)
+    return ColumnarPlan(directory, config.decode, payload.json(),
+                        _partition_columns(config, payload), config.source.max_deliver,
+                        f"part-{run_id}", dead_letter_directory)
+
+
+def _partition_columns(config: JobConfig, payload: StructType) -> tuple[PartitionColumn, ...]:
+    from js_etl.config import partition_column_name
+
+    copyable = {n.lower(): n for n in (*payload.fieldNames(), *_COPYABLE_ORIGIN)}
+    partitions = []
+    for expression in config.target.partition_by:
+        name, plain = partition_column_name(expression)
+        assert name is not None  # config_problem accepted it
+        source = copyable[name.lower()] if plain else None
+        # A copy takes the column's own name, as Delta records it: partition_by KIND of a field
+        # Kind is the partition column Kind.
+        partitions.append(PartitionColumn(source or name, source))
+    return tuple(partitions)
+
+
+def row_schema(config: JobConfig) -> tuple[StructType, list[str]]:
+    """The schema of the rows this writer writes for a job :func:`config_problem` accepted, and
+    the table's partition columns: the origin columns, the payload's fields (and ``data`` with
+    keep_raw), then each computed partition column (a DATE).
+
+    It is the schema the Spark writer's rows have (:meth:`~js_etl.drain.run.Drain.
+    _empty_rows`; tests/spark/test_columnar.py compares the two for every kind of field and
+    partition this writer takes), worked out without analysing the Spark decoding that this
+    writer never runs: that analysis cost a run 0.35 JVM CPU-seconds (measured, issue 14)."""
+    from pyspark.sql.types import DateType, StructField, StructType, _parse_datatype_string
+
+    raw = _parse_datatype_string(RAW_DDL)
+    assert isinstance(raw, StructType)
+    payload = _payload_type(config.decode)
+    fields = [raw[name] for name in ORIGIN_COLUMNS] + payload.fields
+    if config.decode.keep_raw:
+        fields.append(raw["data"])
+    partitions = _partition_columns(config, payload)
+    fields += [StructField(c.name, DateType()) for c in partitions if c.source is None]
+    return (StructType([StructField(f.name, f.dataType, True, f.metadata) for f in fields]),
+            [c.name for c in partitions])
+
+
+def dead_letter_schema() -> StructType:
+    """The dead-letter table's schema (:data:`js_etl.schema.DEAD_LETTER`) in Spark's types."""
+    from pyspark.sql.types import StructType, _parse_datatype_string
+
+    schema = _parse_datatype_string(ddl(DEAD_LETTER))
+    assert isinstance(schema, StructType)
+    return schema
+
+
+def _payload_type(decode: DecodeConfig) -> StructType:
+    from pyspark.sql.types import StructType, _parse_datatype_string
+
+    schema = _parse_datatype_string(decode.schema or "")
+    assert isinstance(schema, StructType)  # the Decoder checked decode.schema
+    return schema
+
+
+def _computed(expression: str) -> str:
+    """The expression of ``<expression> AS <name>``."""
+    return re.split(r"(?is)\s+AS\s+", expression)[0]
