@@ -46,7 +46,7 @@ lint: setup
 
 # Many randomized fault schedules (tests/support/schedules.py): each prints its seed and verdict, then
 # "N passed, M failed". Replay one: JS_ETL_SCHEDULE_SEED=<seed> $(BIN)/python -m pytest
-# tests/spark/test_fault_schedules.py. `make soak SEEDS="1 2 3"` runs those seeds instead.
+# tests/drain/test_fault_schedules.py. `make soak SEEDS="1 2 3"` runs those seeds instead.
 SCHEDULES ?= 10
 SEEDS ?=
 soak: setup

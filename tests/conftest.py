@@ -44,11 +44,11 @@ _counter = itertools.count(1)
 # the other sat idle, its tests summing to 747 s against 806 s; with this order the two workers'
 # sums differed by 6 s (657 and 663). The list is by each file's summed durations in the first
 # run, longest first (the Spark-cluster test is one test of 209 s).
-_LONG_FIRST = ("cluster/test_spark_cluster.py", "spark/test_faults.py",
-               "airflow/test_airflow_operator.py", "spark/test_exactly_once.py",
-               "spark/test_backfill.py", "test_cli.py", "spark/test_fault_schedules.py",
-               "cluster/test_cluster_drain.py", "spark/test_drain.py", "dev/test_bench.py",
-               "dev/test_wheel.py", "airflow/test_airflow_queues.py")
+_LONG_FIRST = ("cluster/test_spark_cluster.py", "drain/test_faults.py",
+               "airflow/test_airflow_operator.py", "drain/test_exactly_once.py",
+               "backfill/test_backfill.py", "test_cli.py", "drain/test_fault_schedules.py",
+               "cluster/test_cluster_drain.py", "drain/test_drain.py", "tools/test_bench.py",
+               "tools/test_wheel.py", "airflow/test_airflow_queues.py")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -132,7 +132,7 @@ def names() -> Names:
 # log jobs build them for its wide action schema in every task) interpreted instead of generated:
 # the session's JVM spent 53 % of its CPU samples in code generation — 20 % in
 # CodeFormatter's comment-stripping regexes — which runs before Spark's code cache is consulted,
-# so again in every task (JFR over tests/spark/test_exactly_once.py).
+# so again in every task (JFR over tests/drain/test_exactly_once.py).
 # That file alone: 181.8 CPU-s of the box with code generation, 149.1 without it (149.5 and
 # 161.8 with whole-stage code generation off too: no better; one pytest process). The suite is
 # CPU-bound (the box 92 % busy over a two-worker run). Only speed

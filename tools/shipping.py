@@ -1,6 +1,6 @@
 """js-etl's wheel, and the packed Python environment that ships it to Spark executors.
 
-:func:`build_wheel` is how the wheel is built for the executors (tests/dev/test_wheel.py runs it
+:func:`build_wheel` is how the wheel is built for the executors (tests/tools/test_wheel.py runs it
 from outside the checkout, tests/cluster and ``js-etl bench --cluster`` ship it to a standalone
 cluster). It builds this source checkout, so it needs one: js-etl imported from an installed
 wheel has none (:class:`ShippingError`, exit 2). It needs pip's build isolation: the venv's own

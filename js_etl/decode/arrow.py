@@ -5,13 +5,13 @@ A Python data source returns Arrow batches from its tasks: it cannot hand rows t
 with the same rules and the same dead-letter reasons: a json payload is good only if it is
 exactly one JSON object matching the schema; anything else keeps its raw bytes in ``data`` and
 says why in ``error``. The drain's columnar writer (:mod:`js_etl.drain.writers.columnar`) decodes with
-it too, so it must give what Spark gives, payload for payload: tests/spark/test_columnar.py
+it too, so it must give what Spark gives, payload for payload: tests/drain/test_columnar.py
 drains hostile payloads through both and compares the tables. Hostile payloads are reasons,
 never a crashed task, and the reasons are Spark's: nesting deeper than Spark's parser allows
 (1,000 levels) is malformed JSON, whatever the depth Python's own parser could follow; an
 integer literal of more than 1,000 digits is malformed JSON: Spark's parser refuses such a number
 (measured on Spark 4.2: 1,000 digits parse, 1,001 make a corrupt record), and Python's ``int()``
-would refuse it past 4,300 (tests/unit/test_source_decode.py); a non-string value in a STRING
+would refuse it past 4,300 (tests/unit/decode/test_arrow_decode.py); a non-string value in a STRING
 column is written back as Spark's Jackson writes it.
 
 A batch whose payloads are provably decoded the same way by one pyarrow parse goes that way
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 from js_etl.config.model import DecodeConfig
 
 # Spark's JSON parser (Jackson's StreamReadConstraints) refuses nesting deeper than this; so
-# does this decoder, with the reasons the drain's decoder gives (tests/spark/test_columnar.py).
+# does this decoder, with the reasons the drain's decoder gives (tests/drain/test_columnar.py).
 MAX_DEPTH = 1000
 _BRACKETS_OUTSIDE_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 

@@ -4,7 +4,7 @@ for payload; otherwise :func:`decode_json_batch` returns None and the caller dec
 payload itself.
 
 Why a proof is needed: pyarrow's JSON reader is not a per-message decoder. Measured on pyarrow
-26.0.1 (each point pinned by tests/unit/test_json_batch.py):
+26.0.1 (each point pinned by tests/unit/decode/test_json_batch.py):
 
 * it reads *documents* from newline-joined text, not lines: ``{"id":1,"x":`` then ``{"y":1}}``
   on the next line read as **one** row, and ``{"id":1}{"id":2}`` on one line as two. So "n rows

@@ -172,7 +172,7 @@ class DeltaTarget:
         log where it reads the table (as :meth:`job_round`; the same log, without the Spark job
         Delta's snapshot runs, 0.23 JVM CPU-seconds of a run: measured, issue 14), else Delta's
         snapshot (DESCRIBE DETAIL and a read's schema took 0.5 s more).
-        tests/spark/test_delta_shape.py compares the two on tables with every rule the columnar
+        tests/delta/test_delta_shape.py compares the two on tables with every rule the columnar
         writer must see."""
 
         view = _deltalake_table(self.location(spark))
@@ -517,7 +517,7 @@ def create_table(directory: str, rows: StructType, partition_columns: list[str])
     library that commits its rounds: 10 ms of the driver, where Spark's empty append cost a
     first run 0.66 JVM CPU-seconds (measured, issue 14). Its first commit holds what Spark's
     would (protocol reader 1 / writer 2, the schema, the partition columns:
-    tests/spark/test_columnar.py compares the two), unless :func:`needs_spark_to_create`.
+    tests/drain/test_columnar.py compares the two), unless :func:`needs_spark_to_create`.
 
     Raises if a table is there already, or another process created it meanwhile; the caller
     then reads the table. Never retried: deltalake retries a commit that lost its version by
@@ -526,7 +526,7 @@ def create_table(directory: str, rows: StructType, partition_columns: list[str])
     24 of 40 races). Without retries the loser's commit fails, because the local file system
     writes a version's log file only where none is (measured, deltalake 1.6.6: 0 of 540 races
     with two commits, against 38 of 40 with
-    mode="error" and the default retries; tests/unit/test_create_table.py races two creates)."""
+    mode="error" and the default retries; tests/unit/delta/test_create_table.py races two creates)."""
     from deltalake import CommitProperties, DeltaTable, Schema
 
     DeltaTable.create(directory, Schema.from_json(rows.json()), mode="error",

@@ -1,7 +1,7 @@
 """Planning a drain's rounds: how big the next round is, how long it may pull, when the run
 stops, and what a round fetched. Pure logic on the config, the consumer's info, the run's report
 and Arrow tables (no Spark, no server), so every rule here is tested without either
-(``tests/unit/test_round_plan.py``).
+(``tests/unit/drain/test_round_plan.py``).
 """
 
 from __future__ import annotations

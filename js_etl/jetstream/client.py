@@ -139,7 +139,7 @@ class _FrameParser(Parser):
     coroutine per frame. Measured on 4,000 frames of 256 B fed in 32 KiB reads (the pull's
     sink included): 3.1 µs a frame with nats-py's parser, 2.1-2.5 µs with this one; in a
     400k-message fetch task at 256 B the parse took 2.0 of 4.1-4.4 CPU-seconds, then 1.6-1.7.
-    ``tests/unit/test_frame_parser.py`` checks it hands over exactly what nats-py's parser
+    ``tests/unit/jetstream/test_frame_parser.py`` checks it hands over exactly what nats-py's parser
     does, split at every read boundary. nats-py's ``stats["in_msgs"]`` no longer counts these
     frames; nothing reads it.
     """

@@ -16,7 +16,7 @@ ack-pending. Whatever a run's fate, the check is the same: it never depends on w
     .venv/bin/python tests/support/schedules.py soak --schedules 30     # what `make soak` runs
     .venv/bin/python tests/support/schedules.py show 1234               # print one seed's schedule
     JS_ETL_SCHEDULE_SEED=1234 .venv/bin/python -m pytest \
-        tests/spark/test_fault_schedules.py                          # replay
+        tests/drain/test_fault_schedules.py                          # replay
 
 deltalake runs in a child process (``delta-read`` / ``delta-write`` below): its process can
 abort at interpreter exit after a read (rc 134, see reference §12), which must not take pytest
@@ -261,7 +261,7 @@ class Outcome:
         head = "PASSED" if self.ok else f"FAILED ({', '.join(self.kinds())})"
         lines = [f"fault schedule seed={self.schedule.seed} {head} in {self.seconds:.0f}s",
                  f"replay: JS_ETL_SCHEDULE_SEED={self.schedule.seed} .venv/bin/python -m pytest "
-                 "tests/spark/test_fault_schedules.py", self.schedule.describe(), "runs:"]
+                 "tests/drain/test_fault_schedules.py", self.schedule.describe(), "runs:"]
         lines += [run.describe() for run in self.runs]
         lines += [f"event: {e}" for e in self.events]
         lines += [f"PROBLEM {kind}: {detail}" for kind, detail in self.problems]

@@ -175,7 +175,7 @@ def row_schema(config: JobConfig) -> tuple[StructType, list[str]]:
     keep_raw), then each computed partition column (a DATE).
 
     It is the schema the Spark writer's rows have (:meth:`~js_etl.drain.run.Drain.
-    _empty_rows`; tests/spark/test_columnar.py compares the two for every kind of field and
+    _empty_rows`; tests/drain/test_columnar.py compares the two for every kind of field and
     partition this writer takes), worked out without analysing the Spark decoding that this
     writer never runs: that analysis cost a run 0.35 JVM CPU-seconds (measured, issue 14)."""
     from pyspark.sql.types import DateType, StructField, StructType, _parse_datatype_string

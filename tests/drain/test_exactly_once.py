@@ -482,7 +482,7 @@ def test_column_mapping_and_optimize_vacuum_before_the_fence(spark, js, names, n
 
 
 # --- 7. a NATS server killed mid-run:
-# tests/spark/test_faults.py::test_nats_server_restarted_mid_run
+# tests/drain/test_faults.py::test_nats_server_restarted_mid_run
 
 
 def test_fence_on_an_empty_consumer_runs_no_spark_job(spark, js, names, nats_server, tmp_path):

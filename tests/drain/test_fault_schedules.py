@@ -5,7 +5,7 @@ A fixed seed runs here (part of ``make test``); ``make soak SCHEDULES=N`` runs N
 (tests/support/schedules.py). Replay a failing seed:
 
     JS_ETL_SCHEDULE_SEED=<seed>[,<seed>...] \
-        .venv/bin/python -m pytest tests/spark/test_fault_schedules.py
+        .venv/bin/python -m pytest tests/drain/test_fault_schedules.py
 """
 
 from __future__ import annotations

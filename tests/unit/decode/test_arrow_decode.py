@@ -81,7 +81,7 @@ def test_pretty_printed_multi_line_json_and_big_numbers_in_range_decode(schema):
 
 
 def test_a_double_given_an_integer_beyond_the_doubles_is_infinite_as_in_spark():
-    """Found by tests/unit/test_json_batch.py's fuzz: ``float()`` of such an integer raised
+    """Found by tests/unit/decode/test_json_batch.py's fuzz: ``float()`` of such an integer raised
     OverflowError and crashed the task. Spark's from_json gives +-Infinity (measured, Spark
     4.2: ``{"d": 2**1024}`` as ``d DOUBLE``), as it does for ``1e400``."""
     from pyspark.sql.types import DoubleType, StructType

@@ -20,7 +20,7 @@ from js_etl.config import (
 from js_etl.demo import demo_config
 from js_etl.errors import ConfigError, TerminalError
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
 
 # The smallest valid job, as overrides.
 MINIMAL = ("source.stream=ORDERS", "source.consumer=orders_to_delta", "target.path=/lake/orders")
