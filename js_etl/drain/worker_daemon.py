@@ -28,10 +28,10 @@ import pyarrow.parquet  # noqa: F401
 import pyspark.sql.pandas.types  # noqa: F401
 from pyspark import daemon
 
-import js_etl.decode.arrow  # noqa: F401
-import js_etl.decode.json_batch  # noqa: F401
-import js_etl.drain.fetch  # noqa: F401
-import js_etl.drain.writers.columnar_task  # noqa: F401
+import js_etl.decode.arrow
+import js_etl.decode.json_batch
+import js_etl.drain.fetch
+import js_etl.drain.writers.columnar_task
 import js_etl.jetstream.arrow  # noqa: F401
 
 try:  # pyarrow's compute functions import pandas, where it is installed, at their first call
