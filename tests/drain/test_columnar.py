@@ -1,5 +1,5 @@
-"""The columnar writer (js_etl/drain/writers/columnar.py) on a real nats-server, Spark and Delta: it must
-write what the Spark writer writes, commit like it, and keep every rule of the round.
+"""The columnar writer (js_etl/drain/writers/columnar.py) on a real nats-server, Spark and
+Delta: it must write what the Spark writer writes, commit like it, and keep every rule of the round.
 
 The exactly-once tests (test_faults.py, test_exactly_once.py, the fault schedules) run on the
 writer ``target.writer=auto`` picks for their JSON tables: this one.

@@ -95,7 +95,8 @@ def test_term_is_never_redelivered_and_counts_as_acked(js, js2, names, stream):
     # one run of six under load (two test workers, load ~7) it never reached a subscriber that
     # had subscribed and flushed before the TERM, within 30 s, though the TERM was applied; the
     # cause is not found (consumer.go sends it whenever the account has interest). js-etl does
-    # not rely on it; the reason's folding to one line is tests/unit/jetstream/test_jetstream_wire.py's.
+    # not rely on it; the reason's folding to one line is tested in
+    # tests/unit/jetstream/test_jetstream_wire.py.
 
 
 def test_in_progress_keeps_a_message_from_redelivery(js, js2, names, stream):

@@ -1,6 +1,7 @@
-"""Which JVM options local Spark starts with (js_etl.spark.session.local_jvm_options), and when a
-drain's settings say it will use the columnar writer (js_etl.drain.writers.columnar_plan.expects_columnar):
-pure logic. tests/spark/test_local_spark_jvm.py starts the JVMs."""
+"""Which JVM options local Spark starts with (js_etl.spark.session.local_jvm_options), and when
+a drain's settings say it will use the columnar writer
+(js_etl.drain.writers.columnar_plan.expects_columnar): pure logic.
+tests/spark/test_local_spark_jvm.py starts the JVMs."""
 
 from __future__ import annotations
 
