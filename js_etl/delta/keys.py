@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from js_etl.delta.table import DeltaTarget, LocalView
-from js_etl.errors import TransientError
+from js_etl.delta.table import DeltaTarget
 from js_etl.schema import ACK_KEY_COLUMNS
 
 if TYPE_CHECKING:
@@ -63,26 +62,3 @@ def keys_of(keys: pa.Table | None, seqs: pa.Array | pa.ChunkedArray, *,
     if keys is None:
         return no_keys(with_error=with_error)
     return keys.filter(pc.is_in(keys.column("seq"), value_set=seqs))
-
-
-def table_keys(directory: str, stream: str, first: int, last: int) -> pa.Table | None:
-    """``(seq, num_delivered, consumer_seq)`` of the rows the table holds for ``stream`` in
-    ``first..last``, read by ``deltalake`` on the driver (:meth:`LocalView.keys`); None when no
-    file can hold one.
-
-    Reading the named files as they are is a read of the snapshot only while the table has no
-    deletion vectors and no column mapping: so only on the protocol the writer was chosen for
-    (reader 1, writer <= 2); another writer upgrading it during the run makes this a transient
-    error, and the next run picks the Spark writer. The columnar writer's tables never take a
-    key column as a partition column (``_COPYABLE_ORIGIN``)."""
-    from deltalake import DeltaTable
-
-
-    table = DeltaTable(directory)
-    protocol = table.protocol()
-    if protocol.min_reader_version > 1 or protocol.min_writer_version > 2:
-        raise TransientError(
-            f"the table at {directory} changed its protocol during the run (reader "
-            f"{protocol.min_reader_version}, writer {protocol.min_writer_version}): nothing of "
-            "this round is acked; the next run writes it with Spark")
-    return LocalView(directory, table).keys(stream, first, last, ACK_KEY_COLUMNS)

@@ -22,11 +22,12 @@ from test_hostile_input import PAYLOADS
 from js_etl.config import load_config
 from js_etl.decode.reasons import MALFORMED
 from js_etl.delta.files import WrittenFile
-from js_etl.delta.keys import range_keys, table_keys
+from js_etl.delta.keys import range_keys
 from js_etl.delta.rules import table_problem
 from js_etl.delta.table import (
     CommitTag,
     DeltaTarget,
+    _deltalake_table,
     create_empty,
     create_table,
     files_holding_seqs,
@@ -36,6 +37,7 @@ from js_etl.drain.run import run_drain
 from js_etl.drain.writers import columnar_plan
 from js_etl.errors import ConfigError, TerminalError, TransientError
 from js_etl.jetstream import ConsumerConfig
+from js_etl.schema import ACK_KEY_COLUMNS
 
 pytestmark = pytest.mark.slow
 
@@ -565,7 +567,7 @@ def test_a_stale_round_is_refused_not_committed(spark, js, names, nats_server, t
     assert target.read(spark).count() == 3
 
 
-def test_table_keys_reads_the_files_spark_wrote_under_escaped_partition_values(spark, tmp_path):
+def test_range_keys_reads_the_files_spark_wrote_under_escaped_partition_values(spark, tmp_path):
     """Delta's log holds a file's path escaped as a URI ("a%20b" on disk is "a%2520b" there):
     the columnar read-back must find Spark's files, or a round's held rows would go unseen."""
     table = tmp_path / "t"
@@ -574,11 +576,14 @@ def test_table_keys_reads_the_files_spark_wrote_under_escaped_partition_values(s
                                  "num_delivered BIGINT, kind STRING")
      .write.format("delta").partitionBy("kind").save(str(table)))
 
-    keys = table_keys(str(table), "S", 1, 3)
+    target = DeltaTarget(path=str(table))
+    view = _deltalake_table(target.location(spark))
+    assert view is not None and view.reads_files_as_rows(("stream", *ACK_KEY_COLUMNS))
+    keys = range_keys(spark, target, "S", 1, 3)  # read from the files the log names
 
     assert keys is not None and sorted(keys.column("seq").to_pylist()) == [1, 2, 3]
-    assert table_keys(str(table), "S", 4, 9) is None  # no file's seq range overlaps
-    assert table_keys(str(table), "T", 1, 3).num_rows == 0  # another stream's rows
+    assert range_keys(spark, target, "S", 4, 9) is None  # no file's seq range overlaps
+    assert range_keys(spark, target, "T", 1, 3).num_rows == 0  # another stream's rows
 
 
 def test_a_parked_message_keeps_its_payload(spark, js, names, nats_server, tmp_path):

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
-from js_etl.delta.keys import no_keys, range_keys, table_keys
+from js_etl.delta.keys import no_keys, range_keys
 from js_etl.delta.rules import local_directory, location_problem, table_problem
 from js_etl.delta.table import DeltaTarget, create_empty, create_table, needs_spark_to_create
 from js_etl.drain.fetch import FetchPlan
@@ -123,7 +123,7 @@ class ColumnarWriter(Writer):
         if not isinstance(commit, FilesCommit):
             return self.spark_writer.acks(commit)
         c, first, last = self.context, commit.stats.first, commit.stats.last
-        rows = table_keys(self.plan.directory, c.stream, first, last)
+        rows = range_keys(c.spark, c.target, c.stream, first, last)
         if rows is not None and commit.rows_in_range_before:  # others' rows: not ours
             rows = rows.filter(pc.is_in(rows.column("seq"), commit.seqs))
         # No dead letter held the range before this round: all it holds now is ours, and none
@@ -145,7 +145,7 @@ class ColumnarWriter(Writer):
         seqs = output.keys.column("seq")
         if stats.distinct < stats.n:
             return None
-        held = table_keys(self.plan.directory, c.stream, stats.first, stats.last)
+        held = range_keys(c.spark, c.target, c.stream, stats.first, stats.last)
         if held is not None and pc.any(pc.is_in(held.column("seq"), seqs)).as_py():
             return None
         if range_keys(c.spark, c.dead_letters, c.stream, stats.first, stats.last) is not None:

@@ -26,7 +26,7 @@ _TO_DATE = re.compile(r"(?is)\s*to_date\s*\(\s*`?published_at`?\s*\)\s*")
 _UTC_ZONES = {"utc", "etc/utc", "gmt", "etc/gmt", "z", "+00:00"}
 
 
-# Origin columns a partition may copy: not the ones table_keys reads from the files.
+# Origin columns a partition may copy: not the key columns range_keys reads from the files.
 _COPYABLE_ORIGIN = ("subject",)
 
 
