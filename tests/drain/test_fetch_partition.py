@@ -56,11 +56,11 @@ def test_what_lives_when_a_workers_first_tasks_start_is_frozen_out_of_the_cycle_
     """PySpark's daemon runs a full gc.collect() after every task in a reused worker: with the
     worker's imports frozen at its first two tasks' start, that collect walks only what later
     tasks made; the third task freezes nothing (jetstream.arrow.task_gc says why)."""
-    from js_etl.drain import fetch
+    from js_etl.jetstream import arrow
 
     pub(js, f"{names.prefix}.a", 15)
     consumer(js, stream, names.consumer)
-    monkeypatch.setattr(fetch, "_FREEZES", 2)  # a fresh worker process
+    monkeypatch.setattr(arrow, "_FREEZES", 2)  # a fresh worker process
     gc.unfreeze()
     try:
         seen = []
