@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
+from streams import publish_and_wait
 
 from js_etl.demo import demo_config
-from js_etl.demo.publish import publish, wait_for_messages
 from js_etl.errors import TerminalError
 from js_etl.jetstream.errors import ConsumerNotFoundError, NatsUnavailableError
 
@@ -38,8 +38,7 @@ def stream_with_messages(js, names):
     js.run(js.admin.add_stream(names.stream, [names.subject]))
     messages = [(f"{names.prefix}.e", json.dumps({"id": i, "kind": "k"}).encode())
                 for i in range(120)]
-    js.run(publish(js.conn, messages))
-    js.run(wait_for_messages(js.conn, names.stream, 120))
+    publish_and_wait(js, names, messages)
     return names
 
 

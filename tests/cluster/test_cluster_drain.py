@@ -22,10 +22,9 @@ from nats_cluster import (
     wait_consumer_current,
     wait_for,
 )
-from streams import AfterEachRound, started_together
+from streams import AfterEachRound, publish_and_wait, started_together
 
 from js_etl.config import load_config
-from js_etl.demo.publish import publish, wait_for_messages
 from js_etl.drain.run import run_drain
 from js_etl.durable.lease import ConsumerLease
 from js_etl.errors import RunRefusedError
@@ -46,9 +45,8 @@ def _setup(cjs: JetStreamSession, names: Any, n: int) -> None:
     cjs.run(cjs.admin.create_consumer(names.stream, ConsumerConfig(
         durable_name=names.consumer, ack_wait=120, max_ack_pending=100_000)))
     wait_consumer_current(cjs, names.stream, names.consumer)
-    cjs.run(publish(cjs.conn, [(f"{names.prefix}.e", json.dumps({"id": i}).encode())
-                               for i in range(n)]))
-    cjs.run(wait_for_messages(cjs.conn, names.stream, n))
+    publish_and_wait(cjs, names, [(f"{names.prefix}.e", json.dumps({"id": i}).encode())
+                                  for i in range(n)])
 
 
 def _has_leader(cjs: JetStreamSession, names: Any) -> bool:

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 from nats_cluster import add_replicated_stream, wait_consumer_current, wait_for
+from streams import publish_and_wait
 
 from js_etl.config import load_config
-from js_etl.demo.publish import publish, wait_for_messages
 from js_etl.drain import run as drain_module
 from js_etl.drain.acks import RunAcks
 from js_etl.drain.fence import Fenced
@@ -47,17 +47,15 @@ def test_fence_reacks_only_the_last_round_below_a_stuck_delivery(
         durable_name=names.consumer, ack_wait=600, max_ack_pending=100_000)))
     wait_consumer_current(cjs, names.stream, names.consumer)
     subject = f"{names.prefix}.e"
-    cjs.run(publish(cjs.conn, [(subject, json.dumps({"id": 0}).encode())]))
-    cjs.run(wait_for_messages(cjs.conn, names.stream, 1))
+    publish_and_wait(cjs, names, [(subject, json.dumps({"id": 0}).encode())])
     # The stream's leader has it; the consumer's leader may not have applied it yet, and a
     # no_wait pull then finds nothing (seen once in a full suite run on a clean clone).
     wait_for(lambda: cjs.consumer_info(names.stream, names.consumer).num_pending == 1, 60,
              "the consumer to see seq 1")
     held = cjs.pull(cjs.puller(names.stream, names.consumer), 1, timeout=10)
     assert [m.metadata.stream_seq for m in held.messages] == [1]  # never acked: the stuck one
-    cjs.run(publish(cjs.conn, [(subject, json.dumps({"id": i}).encode())
-                               for i in range(1, HISTORY + 1)]))
-    cjs.run(wait_for_messages(cjs.conn, names.stream, HISTORY + 1))
+    publish_and_wait(cjs, names, [(subject, json.dumps({"id": i}).encode())
+                                  for i in range(1, HISTORY + 1)])
 
     table = tmp_path / "table"
     # History: runs that neither fence nor release, so seq 1 stays delivered and unacked.

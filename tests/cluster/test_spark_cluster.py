@@ -26,8 +26,8 @@ from nats_cluster import (
     wait_consumer_current,
     wait_for,
 )
+from streams import publish_and_wait
 
-from js_etl.demo.publish import publish, wait_for_messages
 from js_etl.jetstream import ConsumerConfig, JetStreamSession
 from tools.bench.cluster import submit_command as bench_submit_command
 from tools.spark_cluster import SparkCluster, gone, loopback_env, stop_tree
@@ -58,9 +58,8 @@ def setup_r3(cjs: JetStreamSession, names: Any, n: int) -> None:
 
 def publish_ids(cjs: JetStreamSession, names: Any, ids: range) -> None:
     """~1 KiB JSON messages carrying ``ids``, at seqs ``ids.start + 1 …`` of the test's stream."""
-    cjs.run(publish(cjs.conn, [(f"{names.prefix}.e", json.dumps({"id": i, "pad": PAD}).encode())
-                               for i in ids]))
-    cjs.run(wait_for_messages(cjs.conn, names.stream, ids.stop))
+    publish_and_wait(cjs, names, [(f"{names.prefix}.e", json.dumps({"id": i, "pad": PAD}).encode())
+                                  for i in ids])
 
 
 class Submitted:

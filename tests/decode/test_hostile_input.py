@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from payloads import PAYLOAD_SCHEMA, PAYLOADS, TRAILING
 from streams import add_stream, publish_and_wait, settled
 
 from js_etl.config import load_config
@@ -28,54 +29,6 @@ from js_etl.jetstream.errors import (
 )
 
 BIN = Path(sys.executable).parent
-SCHEMA = "id BIGINT, kind STRING"
-TRAILING = "data after the JSON value: a payload must be exactly one JSON value"
-ARRAY = "payload is a JSON array: decode.schema describes one JSON object per message"
-OBJECT_ONLY = "not an object: decode.schema describes one JSON object per message"
-
-# payload -> the dead-letter reason (None: a good row).
-PAYLOADS: dict[bytes, str | None] = {
-    b'{"id": 1, "kind": "k"}': None,
-    b' {"id": 2}\r\n': None,  # JSON whitespace around the value is fine
-    b'{"id": 3, "extra": [1, 2]}': None,  # fields the schema does not name: see below
-    b'{"id": null}': None,
-    b"{}": None,
-    b'{"id":7}garbage': TRAILING,
-    b'{"id":8}\n{"id":9}': TRAILING,  # two objects, one per line: the second was lost and acked
-    b'{"id":10}/* comment */': TRAILING,
-    b'{"id":11}]': TRAILING,  # closes the [ ] the check wraps it in
-    b'{"id":12},{"id":13}': ("payload holds 2 JSON values: a payload must be exactly one JSON "
-                             "value"),
-    b'[{"id":14},{"id":15}]': ARRAY,
-    b"[]": ARRAY,
-    b"7": f"payload is a JSON number, {OBJECT_ONLY}",
-    b'"text"': f"payload is a JSON string, {OBJECT_ONLY}",
-    b"true": f"payload is a JSON boolean, {OBJECT_ONLY}",
-    b"null": f"payload is a JSON null, {OBJECT_ONLY}",
-    b"   ": "payload is only whitespace: no JSON value",
-    b"\n\t": "payload is only whitespace: no JSON value",
-    b"plain text": "payload is not JSON",
-    # Text that starts like a JSON scalar is text too: only what starts like an object or an
-    # array (and breaks) is malformed JSON.
-    b"false alarm": "payload is not JSON",
-    b"7 apples": "payload is not JSON",
-    b'"unterminated': "payload is not JSON",
-    b"[1, 2": "malformed JSON",
-    b'{"id": 16': "malformed JSON",
-    b"{'id': 17}": "malformed JSON",  # single quotes: Spark's parser takes them by default
-    b'{"id": NaN}': "malformed JSON",
-    # Spark's parser refuses an integer literal of over 1,000 digits, even in a field the schema
-    # does not name (the data source's decoder applies the same limit: source_decode.py).
-    b'{"id": 19, "x": ' + b"9" * 1_001 + b"}": "malformed JSON",
-    b'{"id": 20, "x": ' + b"9" * 1_000 + b"}": None,
-    b'{"id": "x"}': f"JSON does not match decode.schema ({SCHEMA})",
-    b'{"foo": 1}': ("JSON object has none of decode.schema's fields (it has: foo); fix "
-                    "decode.schema, or set decode.keep_raw to keep such payloads in the row"),
-    b'{"ID": 18}': ("JSON object has none of decode.schema's fields (it has: ID); fix "
-                    "decode.schema, or set decode.keep_raw to keep such payloads in the row"),
-    b"": "empty payload",
-    b"\xff\xfe": "payload is not valid UTF-8",
-}
 
 
 def fetched_rows(spark: Any, payloads: list[bytes]) -> Any:
@@ -100,7 +53,7 @@ def outcome(spark: Any, decoder: Decoder, payloads: list[bytes]) -> dict[bytes, 
 
 # --- the Decoder -------------------------------------------------------------------------------
 def test_decoder_gives_every_hostile_payload_its_reason(spark):
-    result = outcome(spark, Decoder("json", SCHEMA), list(PAYLOADS))
+    result = outcome(spark, Decoder("json", PAYLOAD_SCHEMA), list(PAYLOADS))
 
     assert {payload: row.error for payload, row in result.items()} == PAYLOADS
     for payload, row in result.items():
@@ -111,7 +64,7 @@ def test_decoder_gives_every_hostile_payload_its_reason(spark):
 
 
 def test_decoder_rows_hold_exactly_the_good_payloads(spark):
-    decoder = Decoder("json", SCHEMA)
+    decoder = Decoder("json", PAYLOAD_SCHEMA)
     flagged = decoder.flag(fetched_rows(spark, list(PAYLOADS)))
     rows = decoder.rows(flagged).orderBy("seq").collect()
     dead = decoder.dead_letters(flagged).collect()
@@ -121,7 +74,7 @@ def test_decoder_rows_hold_exactly_the_good_payloads(spark):
 
 
 def test_unknown_fields_dead_letter_refuses_unnamed_and_repeated_fields(spark):
-    decoder = Decoder("json", SCHEMA, unknown_fields="dead_letter")
+    decoder = Decoder("json", PAYLOAD_SCHEMA, unknown_fields="dead_letter")
     result = outcome(spark, decoder, [b'{"id": 1, "kind": "k"}', b'{"id": 3, "extra": [1, 2]}',
                                       b'{"id": 4, "id": 5}', b"{}"])
 
@@ -135,7 +88,7 @@ def test_unknown_fields_dead_letter_refuses_unnamed_and_repeated_fields(spark):
 
 
 def test_keep_raw_keeps_every_good_payload_in_the_row(spark):
-    decoder = Decoder("json", SCHEMA, keep_raw=True)
+    decoder = Decoder("json", PAYLOAD_SCHEMA, keep_raw=True)
     payloads = [b'{"id": 1, "kind": "k"}', b'{"foo": 1}', b'{"id": 3, "extra": true}',
                 b'{"id":7}garbage']
     flagged = decoder.flag(fetched_rows(spark, payloads))
@@ -205,7 +158,7 @@ def drain_config(names: Any, nats_server: Any, tmp_path: Path, *extra: str) -> A
         f"nats.servers={nats_server.url}", f"source.stream={names.stream}",
         f"source.consumer={names.consumer}", "source.create_consumer=true",
         f"target.path={tmp_path / 'table'}", "fetch.partitions=2", "fetch.batch=100",
-        "fetch.pull_timeout=2", "decode.format=json", f"decode.schema={SCHEMA}", *extra,
+        "fetch.pull_timeout=2", "decode.format=json", f"decode.schema={PAYLOAD_SCHEMA}", *extra,
     ], environ={})
 
 

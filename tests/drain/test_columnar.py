@@ -15,9 +15,9 @@ from urllib.parse import unquote
 
 import pyarrow as pa
 import pytest
+from drains import assert_exactly_once, config_for, events, setup_stream
+from payloads import PAYLOADS
 from streams import add_stream, publish_and_wait, settled
-from test_faults import assert_exactly_once, config_for, events, setup_stream
-from test_hostile_input import PAYLOADS
 
 from js_etl.config import load_config
 from js_etl.decode.reasons import MALFORMED

@@ -20,12 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from streams import AfterEachRound, started_together
-from test_faults import assert_exactly_once, config_for, events, setup_stream
+from drains import assert_exactly_once, config_for, events, setup_stream
+from streams import AfterEachRound, publish_and_wait, started_together
 
 from js_etl.config import load_config
 from js_etl.delta.table import CommitTag, DeltaTarget
-from js_etl.demo.publish import publish, wait_for_messages
 from js_etl.drain import lock as lock_module
 from js_etl.drain import run as drain_module
 from js_etl.drain.acks import RunAcks
@@ -86,8 +85,7 @@ def test_a_big_backlog_on_an_unlimited_consumer_with_a_short_ack_wait_drains_in_
     js.run(js.admin.add_stream(names.stream, [names.subject]))
     js.run(js.admin.create_consumer(names.stream, ConsumerConfig(
         durable_name=names.consumer, ack_wait=6, max_ack_pending=-1)))
-    js.run(publish(js.conn, ((f"{names.prefix}.e", b'{"id":%d}' % i) for i in range(n))))
-    js.run(wait_for_messages(js.conn, names.stream, n))
+    publish_and_wait(js, names, [(f"{names.prefix}.e", b'{"id":%d}' % i) for i in range(n)])
     table = tmp_path / "table"
 
     report = run_drain(spark, config_for(names, nats_server.url, table, "fetch.pull_timeout=2",
@@ -219,8 +217,7 @@ def test_rounds_and_fence_survive_a_hundred_commits_of_another_writer(spark, js,
     assert first.rounds >= 3
     job_round = DeltaTarget(str(table)).job_round(spark, config.job_id)[0]
     more, more_good, _ = events(names, 200)
-    js.run(publish(js.conn, more))
-    js.run(wait_for_messages(js.conn, names.stream, 500))
+    publish_and_wait(js, names, more)
     die_before_first_ack(monkeypatch)
     with pytest.raises(RuntimeError, match="died between commit and ack"):
         run_drain(spark, config)

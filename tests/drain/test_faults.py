@@ -9,122 +9,36 @@ js_etl/faults.py); task failures and server restarts run in-process on the share
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
+from drains import (
+    assert_exactly_once,
+    assert_no_process_left,
+    config_for,
+    drain_process,
+    events,
+    setup_stream,
+)
 from streams import AfterEachRound, ack, nak, run_until
 
-from js_etl.config import load_config
-from js_etl.demo.publish import publish, wait_for_messages
 from js_etl.demo.server import LocalNatsServer
 from js_etl.drain.lock import TableLock
 from js_etl.drain.run import run_drain
 from js_etl.errors import RunRefusedError
 from js_etl.jetstream import (
     ConnectionOptions,
-    ConsumerConfig,
     JetStreamSession,
     PriorityGroupRequest,
     PriorityPolicy,
 )
 
 pytestmark = pytest.mark.slow
-
-REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
-SCHEMA = "id BIGINT"
-
-
-def events(names: Any, n: int, *, poison_every: int = 0) -> tuple[list[Any], list[int], list[int]]:
-    """n messages (seq i+1 carries id i); every ``poison_every``-th is undecodable."""
-    messages, good, bad = [], [], []
-    for i in range(n):
-        if poison_every and i % poison_every == poison_every - 1:
-            messages.append((f"{names.prefix}.e", b"{not json"))
-            bad.append(i + 1)
-        else:
-            messages.append((f"{names.prefix}.e", json.dumps({"id": i}).encode()))
-            good.append(i + 1)
-    return messages, good, bad
-
-
-def setup_stream(js: JetStreamSession, names: Any, messages: list[Any], **consumer: Any) -> None:
-    js.run(js.admin.add_stream(names.stream, [names.subject]))
-    js.run(js.admin.create_consumer(names.stream, ConsumerConfig(
-        durable_name=names.consumer, ack_wait=consumer.pop("ack_wait", 300),
-        max_ack_pending=consumer.pop("max_ack_pending", 100_000), **consumer)))
-    js.run(publish(js.conn, messages))
-    js.run(wait_for_messages(js.conn, names.stream, len(messages)))
-
-
-def overrides(names: Any, url: str, table: Path, *extra: str) -> list[str]:
-    return [f"nats.servers={url}", f"source.stream={names.stream}",
-            f"source.consumer={names.consumer}", f"target.path={table}",
-            "decode.format=json", f"decode.schema={SCHEMA}", "fetch.partitions=2",
-            "fetch.batch=100", "fetch.pull_timeout=1", *extra]
-
-
-def config_for(names: Any, url: str, table: Path, *extra: str) -> Any:
-    return load_config(None, overrides(names, url, table, *extra), environ={})
-
-
-def assert_exactly_once(spark: Any, js: JetStreamSession, names: Any, table: Path,
-                        good: list[int], bad: list[int]) -> None:
-    def seqs(path: Path) -> list[int]:
-        if not (path / "_delta_log").exists():
-            return []
-        rows = spark.read.format("delta").load(str(path)).where(f"stream = '{names.stream}'")
-        return sorted(r.seq for r in rows.select("seq").collect())
-
-    assert seqs(table) == sorted(good), "table must hold every good message exactly once"
-    dead = seqs(Path(f"{table}_dead_letters"))
-    assert sorted(dead) == bad, "dead letters must be exactly the poison messages"
-    # Read once, no settling: a run returns only after the server confirmed applying its acks.
-    info = js.consumer_info(names.stream, names.consumer)
-    assert (info.num_pending, info.num_ack_pending) == (0, 0)
-
-
-def drain_process(names: Any, url: str, table: Path, fault: str | None, marker: str,
-                  *extra: str, gate: Path | None = None) -> subprocess.Popen[str]:
-    env = {**os.environ, "TZ": "UTC", "JS_ETL_TEST_MARKER": marker,
-           "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
-    env.pop("JS_ETL_FAULT", None)
-    if fault:
-        env["JS_ETL_FAULT"] = fault
-    if gate is not None:
-        env["JS_ETL_FAULT_GATE"] = str(gate)
-    args = [str(BIN / "js-etl"), "drain"]
-    for item in overrides(names, url, table, *extra):
-        args += ["--set", item]
-    return subprocess.Popen(args, env=env, cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-
-
-def assert_no_process_left(marker: str) -> None:
-    """The killed driver's JVM must exit too (it watches the driver's pipe)."""
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        left = []
-        for proc in psutil.process_iter(["pid"]):
-            try:
-                if proc.environ().get("JS_ETL_TEST_MARKER") == marker:
-                    left.append(proc.pid)
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                continue
-        if not left:
-            return
-        time.sleep(0.2)
-    for pid in left:
-        psutil.Process(pid).kill()
-    pytest.fail(f"processes of the killed run still alive: {left}")
 
 
 @pytest.mark.parametrize("fault", ["kill_after_fetch", "kill_after_commit", "kill_mid_ack"])

@@ -9,10 +9,9 @@ import time
 
 import pyarrow.parquet as pq
 import pytest
-from streams import consumer, pub
+from streams import consumer, pub, publish_and_wait
 
 from js_etl.config import load_config
-from js_etl.demo.publish import publish, wait_for_messages
 from js_etl.drain.fetch import FetchPlan, fetch_partition
 from js_etl.drain.writers.columnar_plan import ColumnarPlan
 from js_etl.drain.writers.columnar_task import fetch_decode_write
@@ -94,8 +93,7 @@ def test_a_columnar_task_counts_the_headers_of_the_dead_letters_it_holds(js, nam
     headers and all: dead letters of empty payloads and 8 KiB of headers each must not get
     through as 0 bytes (a break-it review: 2,000 of them passed a 1 MiB budget)."""
     headers = [("Pad", "x" * 8000)]
-    js.run(publish(js.conn, [(f"{names.prefix}.a", b"", headers)] * 200))
-    js.run(wait_for_messages(js.conn, stream, 200))
+    publish_and_wait(js, names, [(f"{names.prefix}.a", b"", headers)] * 200)
     consumer(js, stream, names.consumer, max_ack_pending=-1)
     decode = load_config(None, ["source.stream=S", "source.consumer=c", "target.path=/t",
                                 "decode.format=json", "decode.schema=id BIGINT"],

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from drains import config_for, events, setup_stream
 from streams import AfterEachRound
-from test_faults import config_for, events, setup_stream
 
 from js_etl.delta.table import DeltaTarget
 from js_etl.drain.run import run_drain
@@ -124,7 +124,7 @@ def test_a_round_a_crashed_run_committed_is_not_written_again_into_another_table
     last round in A's table (the lease record names it)."""
     import uuid
 
-    from test_faults import assert_no_process_left, drain_process
+    from drains import assert_no_process_left, drain_process
 
     messages, _, _ = events(names, 200)
     setup_stream(js, names, messages, max_ack_pending=100)

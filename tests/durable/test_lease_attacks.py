@@ -12,13 +12,12 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
-from streams import started_together
+from streams import started_together, wait_until
 
 from js_etl.demo.server import LocalNatsServer
 from js_etl.durable.lease import ConsumerLease, lease_holder, lease_key
@@ -66,14 +65,6 @@ def raw_last(js: JetStreamSession, bucket: str, names: Any) -> dict[str, Any] | 
             "data": base64.b64decode(message.get("data") or "")}
 
 
-def wait_until(condition: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not reached within {timeout}s")
-        time.sleep(0.05)
-
-
 # --- 1. buckets that cannot hold leases -----------------------------------------------------------
 @pytest.mark.parametrize("made_with, problem", [
     (("--history", "1"), "has no max age (nats kv add without --ttl): a dead run's lease would "
@@ -114,7 +105,7 @@ def test_an_expired_lease_in_a_bucket_with_limit_markers_frees_the_consumer(
         last = raw_last(js, bucket, names)
         return last is None or b"sigkilled-elsewhere" not in last["data"]
 
-    wait_until(expired, 30, "the dead run's entry expired")
+    wait_until(expired, timeout=30, what="the dead run's entry expired")
     print("what the server holds for the key now:", raw_last(js, bucket, names))
     taken = ConsumerLease(nats_options, names.stream, names.consumer, "successor",
                           target="/t/b", bucket=bucket).acquire()  # must not be refused
@@ -153,8 +144,8 @@ def test_a_renewal_the_server_applied_but_answered_late_does_not_lose_the_lease(
         t = threading.Thread(target=check)
         t.start()
         # Wait for state: the first renewal timed out and a second one was sent.
-        wait_until(lambda: nc.stats["out_msgs"] >= sent_before + 2, 60,
-                   "two renewals sent to the stopped server")
+        wait_until(lambda: nc.stats["out_msgs"] >= sent_before + 2, timeout=60,
+                   what="two renewals sent to the stopped server")
         os.kill(server.pid, signal.SIGCONT)
         stopped = False
         t.join(120)
@@ -313,8 +304,8 @@ def test_a_bucket_with_history_keeps_one_holder_and_frees_on_release_and_expiry(
     second._stop.set()  # as if SIGKILLed on another host: no renewals, no release
     second._beat.join()
     write_record(js, bucket, names, on_other_host("second-elsewhere"))
-    wait_until(lambda: lease_holder(js, bucket, names.stream, names.consumer) is None, 30,
-               "the abandoned lease expired")
+    wait_until(lambda: lease_holder(js, bucket, names.stream, names.consumer) is None,
+               timeout=30, what="the abandoned lease expired")
     third = ConsumerLease(nats_options, names.stream, names.consumer, "third", target="/t/c",
                           bucket=bucket).acquire()
     third.release()

@@ -14,6 +14,7 @@ from streams import (
     in_progress,
     nak,
     pub,
+    publish_and_wait,
     settled,
     term,
     wait_until,
@@ -235,12 +236,10 @@ def test_a_late_confirmation_is_waited_for_while_the_server_applies_the_block(js
     server is applying it: the wait goes on rather than sending it all again, and failing after
     the last send (400,000 acks exited 75 on a healthy server). The wait per answer here is
     20 ms, far shorter than the server needs for 200,000 acks."""
-    from js_etl.demo.publish import publish, wait_for_messages
     from js_etl.jetstream.ack import ACK, AckBlock, Acker
 
     n = 200_000
-    js.run(publish(js.conn, ((f"{names.prefix}.a", b"x") for _ in range(n))))
-    js.run(wait_for_messages(js.conn, stream, n))
+    publish_and_wait(js, names, [(f"{names.prefix}.a", b"x") for _ in range(n)])
     consumer(js, stream, names.consumer, max_ack_pending=-1)
     puller = js.puller(stream, names.consumer)
     replies: list[str] = []

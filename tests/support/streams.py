@@ -138,15 +138,15 @@ def timed_pull(session: JetStreamSession, puller: Puller, batch: int,
     return result, time.monotonic() - t0
 
 
-def wait_until(fetch: Callable[[], T], check: Callable[[T], bool], timeout: float = 30.0,
-               interval: float = 0.02) -> T:
+def wait_until(fetch: Callable[[], T], check: Callable[[T], bool] = bool, timeout: float = 30.0,
+               interval: float = 0.02, what: str = "condition") -> T:
     """Poll ``fetch()`` until ``check`` holds (the server applies acks asynchronously). The
     timeout only bounds a failing test: a passing one returns as soon as the state is there."""
     deadline = time.monotonic() + timeout
     value = fetch()
     while not check(value):
         if time.monotonic() > deadline:
-            raise AssertionError(f"condition not reached within {timeout}s; last value: {value!r}")
+            raise AssertionError(f"{what} not reached within {timeout}s; last value: {value!r}")
         time.sleep(interval)
         value = fetch()
     return value
