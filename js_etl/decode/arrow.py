@@ -12,7 +12,7 @@ than Spark's parser allows (1,000 levels) is malformed JSON, whatever the depth 
 parser could follow; an integer literal of more than 1,000 digits is malformed JSON, as Spark's
 parser refuses such a number (Python's ``int()`` would refuse it only past 4,300;
 tests/unit/decode/test_arrow_decode.py); a non-string value in a STRING column is written back
-as Spark's Jackson writes it. Where each of these limits was measured:
+as Spark's Jackson writes it. The evidence for each of these limits:
 docs/design/json-decoding.md.
 
 A batch whose payloads are provably decoded the same way by one pyarrow parse goes that way
