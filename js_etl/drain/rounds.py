@@ -36,7 +36,7 @@ class RoundSize:
 class RoundStats:
     """What a round fetched, counted on the driver from one narrow collect (seq, dead flag,
     payload bytes) with Arrow kernels, not by a Spark aggregate: ``count_distinct`` needs a
-    shuffle, whose jobs were a large share of a big round (docs/design/driver-reads.md)."""
+    shuffle, whose jobs cost a big round seconds (docs/design/driver-reads.md)."""
 
     n: int  # rows
     distinct: int  # distinct seqs: fewer than n means a redelivery within the round

@@ -3,8 +3,8 @@
 PySpark starts one daemon process per executor (``python -m pyspark.daemon``), which forks a
 worker per concurrent task. Every fresh worker imported pyarrow's compute, JSON and Parquet
 modules, pandas (pyarrow's compute functions import it where it is installed) and js-etl's
-fetch, decode and NATS client modules at its first task, on its own, a large part of that
-task's CPU. A drain's workers are fresh in every new process and after a minute idle (PySpark's
+fetch, decode and NATS client modules at its first task, on its own: CPU every fresh worker
+spent again. A drain's workers are fresh in every new process and after a minute idle (PySpark's
 idle-worker timeout), so every run paid it once per partition. Imported here, in the daemon,
 forked workers share them: paid once per executor (docs/design/columnar-writer.md).
 

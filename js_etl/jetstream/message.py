@@ -84,8 +84,8 @@ class Deliveries(Sequence[JsMessage]):
     takes the columns, and the payloads as one Arrow array over that buffer
     (:meth:`payload_array`).
 
-    Why: an object per message, and a copy of each payload as its own ``bytes`` joined again
-    into the Arrow array's buffer, were a large share of a fetch task's work on small messages
+    Why: no object per message, and no copy of each payload as its own ``bytes`` to be joined
+    again into the Arrow array's buffer: both were measurable costs of a fetch task
     (docs/design/nats-client.md).
     """
 
