@@ -34,9 +34,9 @@ says so in the report's ``notes``.
 Duplicates — what we rely on:
 
 * **MERGE vs. a concurrent append.** Delta runs a MERGE at the table's isolation level, and OSS
-  Delta's default is ``Serializable`` (it refuses to set ``WriteSerializable``). Measured on
-  delta-spark 4.4 (``/tmp`` probe, recorded in the backfill tests): a blind append — exactly what
-  a drain round does — committed while our MERGE runs makes the MERGE fail with
+  Delta's default is ``Serializable`` (it refuses to set ``WriteSerializable``). On delta-spark
+  4.4 (pinned by tests/backfill/test_backfill.py, the concurrent append test): a blind append —
+  exactly what a drain round does — committed while our MERGE runs makes the MERGE fail with
   ``ConcurrentAppendException``, even when the appended sequences lie outside our range (the
   conflict check cannot prune on ``seq``). We then retry the MERGE, which re-reads the table, so
   a row a drain appended meanwhile is seen and skipped. A plain append of an anti-join would *not*

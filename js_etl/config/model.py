@@ -211,7 +211,7 @@ class SourceConfig(_Section):
 class FetchConfig(_Section):
     partitions: int = setting(2, count())
     # Large enough that a pull of large messages ends at max_bytes rather than at the count
-    # (bench, 200k x 4 KiB: 1000 -> 4000 gave 3 rounds instead of 4, +15% msg/s).
+    # (docs/design/round-size.md).
     batch: int = setting(4000, count())
     # A pull larger than the server's 64 MiB per-client pending limit gets the connection dropped
     # as a slow consumer; 48 MiB leaves headroom for protocol overhead and other subscriptions.
@@ -300,8 +300,9 @@ class TargetConfig(_Section):
     )
     dead_letter_path: str | None = setting(None, TEXT)
     dead_letter_table: str | None = setting(None, TEXT)
-    # How a drain writes the table's rows (js_etl.drain.writers.columnar): auto = the columnar writer
-    # where it writes what Spark's would, else Spark's; columnar = refuse the run where it cannot.
+    # How a drain writes the table's rows (js_etl.drain.writers.columnar): auto = the columnar
+    # writer where it writes what Spark's would, else Spark's; columnar = refuse the run where it
+    # cannot.
     writer: Literal["auto", "columnar", "spark"] = setting(
         "auto", choice("auto", "columnar", "spark"))
 

@@ -4,15 +4,16 @@ A Python data source returns Arrow batches from its tasks: it cannot hand rows t
 ``from_json`` the way the drain does (:mod:`js_etl.decode.spark`). So the source decodes here,
 with the same rules and the same dead-letter reasons: a json payload is good only if it is
 exactly one JSON object matching the schema; anything else keeps its raw bytes in ``data`` and
-says why in ``error``. The drain's columnar writer (:mod:`js_etl.drain.writers.columnar`) decodes with
-it too, so it must give what Spark gives, payload for payload: tests/drain/test_columnar.py
-drains hostile payloads through both and compares the tables. Hostile payloads are reasons,
-never a crashed task, and the reasons are Spark's: nesting deeper than Spark's parser allows
-(1,000 levels) is malformed JSON, whatever the depth Python's own parser could follow; an
-integer literal of more than 1,000 digits is malformed JSON: Spark's parser refuses such a number
-(measured on Spark 4.2: 1,000 digits parse, 1,001 make a corrupt record), and Python's ``int()``
-would refuse it past 4,300 (tests/unit/decode/test_arrow_decode.py); a non-string value in a STRING
-column is written back as Spark's Jackson writes it.
+says why in ``error``. The drain's columnar writer (:mod:`js_etl.drain.writers.columnar`)
+decodes with it too, so it must give what Spark gives, payload for payload:
+tests/drain/test_columnar.py drains hostile payloads through both and compares the tables.
+Hostile payloads are reasons, never a crashed task, and the reasons are Spark's: nesting deeper
+than Spark's parser allows (1,000 levels) is malformed JSON, whatever the depth Python's own
+parser could follow; an integer literal of more than 1,000 digits is malformed JSON, as Spark's
+parser refuses such a number (Python's ``int()`` would refuse it only past 4,300;
+tests/unit/decode/test_arrow_decode.py); a non-string value in a STRING column is written back
+as Spark's Jackson writes it. The evidence for each of these limits:
+docs/design/json-decoding.md.
 
 A batch whose payloads are provably decoded the same way by one pyarrow parse goes that way
 instead (:mod:`js_etl.decode.json_batch`); any other batch is decoded payload by payload here.
@@ -134,7 +135,8 @@ class _Object(dict[str, Any]):
 
 def _parse_float(text: str) -> float:
     """A number with a fraction or an exponent; more than 1,000 digits before the exponent is
-    malformed JSON, as for integers (measured on Spark 4.2: 1,000 parse, 1,001 do not)."""
+    malformed JSON, as for integers (Spark's parser counts the digits on both sides of the
+    point)."""
     mantissa = text.partition("e")[0].partition("E")[0]
     if sum(c.isdigit() for c in mantissa) > MAX_INTEGER_DIGITS:
         raise ValueError(f"a number of more than {MAX_INTEGER_DIGITS:,} digits")
@@ -174,7 +176,7 @@ def decode_json(payload: bytes, is_utf8: bool, schema: StructType, decode: Decod
                       else reasons.NOT_JSON)
     if depth == MAX_DEPTH:
         # Parsed by Spark, but one level too deep once wrapped in the [ ] of the drain's count
-        # of values: it says "data after the JSON value" (measured), and so does this decoder.
+        # of values: Spark's decoder says "data after the JSON value", and so does this one.
         return None, reasons.TRAILING
     try:
         value = _loads(text)
@@ -229,7 +231,7 @@ def _recursion_room() -> Iterator[None]:
 def _spark_json(value: Any) -> str:
     """A parsed JSON value written back as Spark writes a non-string value into a STRING column
     (Jackson: compact, non-ASCII as is, numbers with a fraction or exponent as Java's
-    ``Double.toString``, infinities as strings; measured on Spark 4.2, Java 17)."""
+    ``Double.toString``, infinities as strings; Spark 4.2 on Java 17)."""
     if isinstance(value, _Object):
         return "{" + ",".join(f"{_spark_json(k)}:{_spark_json(v)}"
                               for k, v in value.pairs) + "}"
@@ -242,7 +244,7 @@ def _spark_json(value: Any) -> str:
 
 def _as_spark_text(text: str) -> str:
     """``text`` as a Spark string holds it: a lone surrogate (an escape like ``\\ud800``)
-    becomes "?" (measured on Spark 4.2), which Arrow's UTF-8 also needs."""
+    becomes "?" as in Spark, which Arrow's UTF-8 also needs."""
     try:
         text.encode("utf-8")
         return text
@@ -254,7 +256,7 @@ def _java_double(x: float) -> str:
     """Java's ``Double.toString`` of ``x`` from Python's shortest digits: plain from 10^-3 to
     10^7, else ``d.dddE<n>``; infinities as JSON strings, as Jackson writes them. Java 17's
     digits are not always the shortest (2.82879384806159008E17, 9.999999999999999E22 for
-    1.0E23, 4.9E-324: a break-it review); those few values differ (README "Writers")."""
+    1.0E23, 4.9E-324); those few values differ (README "Writers")."""
     if math.isinf(x):
         return '"Infinity"' if x > 0 else '"-Infinity"'
     sign, digits, exponent = Decimal(repr(x)).as_tuple()
@@ -309,7 +311,7 @@ def _convert(value: Any, dt: DataType) -> Any:
         return [(k, _convert(v, dt.valueType)) for k, v in value.items()]
     if isinstance(dt, T.StringType):
         # Like Spark's from_json: a non-string value becomes its JSON text (non-ASCII as is), and
-        # a lone surrogate (an escape like \ud800) becomes "?" (measured on Spark 4.2).
+        # a lone surrogate (an escape like \ud800) becomes "?".
         return _as_spark_text(value if isinstance(value, str) else _spark_json(value))
     if isinstance(dt, T.BooleanType):
         if not isinstance(value, bool):

@@ -3,8 +3,8 @@ what the per-payload decoder (:func:`js_etl.decode.arrow.decode_json`) gives, pa
 for payload; otherwise :func:`decode_json_batch` returns None and the caller decodes each
 payload itself.
 
-Why a proof is needed: pyarrow's JSON reader is not a per-message decoder. Measured on pyarrow
-26.0.1 (each point pinned by tests/unit/decode/test_json_batch.py):
+Why a proof is needed: pyarrow's JSON reader is not a per-message decoder (pyarrow 26.0.1;
+each point pinned by tests/unit/decode/test_json_batch.py):
 
 * it reads *documents* from newline-joined text, not lines: ``{"id":1,"x":`` then ``{"y":1}}``
   on the next line read as **one** row, and ``{"id":1}{"id":2}`` on one line as two. So "n rows
@@ -30,19 +30,18 @@ So a batch goes to pyarrow only if, checked over the whole batch at once:
    trusted), starts with ``{``, ends with ``}`` and holds no ``\\n`` or ``\\r``;
 3. no payload contains ``NaN`` or ``Inf`` anywhere, nor a run of more than 1,000 digits (the
    decoder, like Spark's parser, calls such an integer malformed; pyarrow reads it, as
-   ±Infinity into a DOUBLE or silently in a field it ignores; found by a break-it review) — in
-   fact no run of more than 500 digits, since Spark's limit counts the digits on both sides of
-   a number's point (a second review) — inside strings too: an over-approximation that only
-   sends more payloads the slow way; and no payload is longer than :data:`MAX_NAME_LENGTH`
-   bytes (only such a payload can hold a field name Spark's parser refuses);
+   ±Infinity into a DOUBLE or silently in a field it ignores) — in fact no run of more than
+   500 digits, since Spark's limit counts the digits on both sides of a number's point —
+   inside strings too: an over-approximation that only sends more payloads the slow way; and
+   no payload is longer than :data:`MAX_NAME_LENGTH` bytes (only such a payload can hold a
+   field name Spark's parser refuses);
 4. no payload holds more than :data:`MAX_BRACKETS` ``{`` and ``[`` together (a bound on its
    depth, far below where Python's parser gives up with "nested too deeply");
 
 and then pyarrow must return exactly n rows, (unless ``keep_raw``) none of them all null, and
 no DOUBLE value -0.0: pyarrow reads the integer ``-0`` as -0.0, the decoder as 0.0 (found by
 the differential test), and only the decoder tells ``-0`` from ``-0.0`` (checked on the
-parsed values: a search for the bytes ``-0`` took about a quarter of the screens' time at
-4 KiB).
+parsed values: a search for the bytes ``-0`` would cost the screens more).
 
 Why n rows then means row i is payload i: no document can span a line break. If one were open
 at the end of line i, that line's last character ``}`` closed an inner value (a ``}`` inside a
@@ -62,10 +61,10 @@ import pyarrow.compute as pc
 # Column types whose values pyarrow reads exactly as the per-payload decoder does (tested).
 SUPPORTED_TYPES = (pa.int64(), pa.int32(), pa.int16(), pa.int8(), pa.float64(), pa.string(),
                    pa.bool_())
-# A longer integer literal is malformed JSON (source_decode, as Spark's parser: Jackson's
-# maxNumberLength; measured on Spark 4.2, 1,000 digits parse, 1,001 make a corrupt record).
+# A longer integer literal is malformed JSON (js_etl.decode.arrow, as Spark's parser: Jackson's
+# maxNumberLength; docs/design/json-decoding.md).
 MAX_INTEGER_DIGITS = 1000
-MAX_NAME_LENGTH = 50_000  # characters of a field name (Spark's parser; measured: 50,001 fail)
+MAX_NAME_LENGTH = 50_000  # characters of a field name Spark's parser takes
 # Each byte as its class for the digit-run searches: D a digit, . any other byte.
 _CLASSES = bytes(ord("D") if b in b"0123456789" else ord(".") for b in range(256))
 _MINUS_ZERO_BITS = -(2**63)  # -0.0 as int64 bits: only the sign bit (1 / x is -inf for tiny x too)
@@ -98,8 +97,8 @@ def decode_json_batch(data: pa.Array, struct: pa.DataType, *, keep_raw: bool
     try:
         joined = _values(pc.binary_join(
             pa.ListArray.from_arrays(pa.array([0, n], pa.int32()), data), b"\n"))
-        # One block, no threads: an executor task already has its core (a 16 MB batch of 4 KiB
-        # payloads parsed in 23-27 ms, against 31 ms with pyarrow's 1 MiB blocks on its pool).
+        # One block, no threads: an executor task already has its core, and one block parses
+        # faster than pyarrow's default blocks on its thread pool.
         table = pj.read_json(
             pa.BufferReader(joined),
             read_options=pj.ReadOptions(use_threads=False,
@@ -111,7 +110,7 @@ def decode_json_batch(data: pa.Array, struct: pa.DataType, *, keep_raw: bool
     if table.num_rows != n:
         return None
     # One block makes one chunk, taken as it is: combine_chunks copies even a single chunk,
-    # every byte of a STRING column (0.25 of 4.5 CPU-s, a 100k x 4 KiB fetch task profiled).
+    # every byte of a STRING column.
     columns = [c.chunk(0) if c.num_chunks == 1 else c.combine_chunks()
                for c in (table.column(i) for i in range(struct.num_fields))]
     if not keep_raw and _any_all_null(columns):
@@ -124,9 +123,9 @@ def decode_json_batch(data: pa.Array, struct: pa.DataType, *, keep_raw: bool
 
 def _values(array: pa.Array) -> pa.Buffer:
     """The bytes of a binary array's values, back to back: a slice of its data buffer, no copy.
-    (For the join's one value, ``array[0]`` copies them: 9.7 ms for 16 MB of joined payloads,
-    against 2 ms for the join; pyarrow 26.0.1.) Binary and without nulls (32-bit offsets):
-    what the screens and the join of screened payloads have."""
+    (For the join's one value, ``array[0]`` copies them, at several times the cost of the join
+    itself.) Binary and without nulls (32-bit offsets): what the screens and the join of
+    screened payloads have."""
     assert array.type == pa.binary() and not array.null_count, array.type
     _, offsets, values = array.buffers()
     bounds = memoryview(offsets).cast("i")
@@ -138,14 +137,14 @@ def _screened(data: pa.Array) -> bool:
     """Conditions 2-4 of the module docstring, for every payload of the batch.
 
     Byte searches over the batch's one contiguous payload buffer where a match anywhere
-    decides (:func:`_scan`), Arrow's per-payload kernels where the payload matters. Measured on
-    4,000 payloads of 4 KiB (16 MB): Arrow's substring kernels took 170 ms a batch; these
-    ~5 ms, against 12 for pyarrow's parse."""
+    decides (:func:`_scan`), Arrow's per-payload kernels where the payload matters: Arrow's
+    substring kernels over every payload cost many times pyarrow's parse itself
+    (docs/design/json-decoding.md)."""
     n = len(data)
     if data.type != pa.binary() or data.null_count:
         return False
     try:
-        data.cast(pa.string())  # UTF-8 validation of the whole batch: ~1.3 ms a 16 MB batch
+        data.cast(pa.string())  # UTF-8 validation of the whole batch at once
     except pa.ArrowInvalid:
         return False
     if not (pc.all(pc.equal(pc.binary_slice(data, 0, 1), pa.scalar(b"{"))).as_py()
@@ -170,9 +169,9 @@ def _scan(text: memoryview, chunk: int = _SCAN_CHUNK) -> int | None:
     A chunk at a time, each read with the next bytes a match starting in it can reach (a run's
     length), its brackets counted over its own bytes only: memchr-speed searches for the words
     and line breaks, a sample for the runs (:func:`_may_hold_long_run`), numpy for the count.
-    Chunks, not one copy of the batch: two 16 MB buffers made fresh for every batch cost more in
-    page faults than the work. Measured on 4,000 payloads of 4 KiB (16 MB): 4 ms a batch; a
-    translation of every byte to its class, then searches and a count on the classes, took 16."""
+    Chunks, not one copy of the batch: two buffers of the batch's size made fresh for every
+    batch cost more in page faults than the work; and no translation of every byte to its
+    class, which took several times as long as these searches."""
     size = len(text)
     if not size:
         return 0
@@ -199,9 +198,8 @@ def _most_brackets(data: pa.Array, chunk: int = _SCAN_CHUNK) -> int:
     """The most ``{`` and ``[`` one payload of ``data`` holds, or any count over
     :data:`MAX_BRACKETS` once one is found: the brackets' positions, a chunk of the batch's
     buffer at a time, each assigned to its payload by the payloads' offsets. The count of every
-    batch whose payloads nest objects or arrays in fields the schema ignores: measured on 4,000
-    such payloads of 4 KiB (16 MB), 4.6 ms, where Arrow's ``count_substring_regex`` took 25 (the
-    whole parse of the batch 27)."""
+    batch whose payloads nest objects or arrays in fields the schema ignores, so it must cost
+    far less than the parse (Arrow's ``count_substring_regex`` cost about as much)."""
     _, offsets, _ = data.buffers()
     bounds = np.frombuffer(offsets, np.int32)[data.offset:data.offset + len(data) + 1]
     starts = bounds[:-1] - bounds[0]

@@ -1,4 +1,5 @@
-"""Parquet files written by fetch tasks for a Delta commit: one file per partition value, written a row group at a time, with the Delta statistics data skipping needs."""
+"""Parquet files written by fetch tasks for a Delta commit: one file per partition value,
+written a row group at a time, with the Delta statistics data skipping needs."""
 
 from __future__ import annotations
 
@@ -183,7 +184,7 @@ class _OpenFile:
 
 def _partition_text(value: Any) -> str | None:
     """A partition value as Delta writes it in ``partitionValues``: Spark writes an empty string
-    and Hive's null marker as null (measured: both read back as null from its table)."""
+    and Hive's null marker as null (both read back as null from its table)."""
     if value is None or value in ("", "__HIVE_DEFAULT_PARTITION__"):
         return None
     if isinstance(value, bool):

@@ -1,4 +1,5 @@
-"""What a Delta table holds of a round's sequences, as Arrow on the driver: the keys acks are built from."""
+"""What a Delta table holds of a round's sequences, as Arrow on the driver: the keys acks are
+built from."""
 
 from __future__ import annotations
 
@@ -21,13 +22,11 @@ def range_keys(spark: SparkSession, table: DeltaTarget, stream: str, first: int,
     (:meth:`LocalView.reads_files_as_rows`: reader protocol 1, no key column a partition
     column), else through Delta by Spark, which plans the scan with Delta's data skipping
     (``inputFiles``) and reads. Either way the files are chosen by their ``seq`` statistics, so
-    a round's range that no file holds yet, the common case, costs no Spark job. Measured on a
-    warm ``local[2]`` session, 100-message rounds, cProfile: through Spark the reads of a round of
-    Spark's writer took 1.4 s of
-    3.4 s, and the dead letters' of a columnar round 0.7 of 1.5 s. The answer is the log as read
-    at the call's start (Spark's ``inputFiles()`` answered for the log at its end): either way a
-    commit of another writer after that moment is not seen, and the check was never atomic with
-    the round's write (a break-it review forced that interleaving)."""
+    a round's range that no file holds yet, the common case, costs no Spark job: on small rounds
+    those Spark reads were a large share of a round (docs/design/driver-reads.md). The answer is
+    the log as read at the call's start (Spark's ``inputFiles()`` answered for the log at its
+    end): either way a commit of another writer after that moment is not seen, and the check is
+    not atomic with the round's write (a commit between the two is possible)."""
     from pyspark.sql import functions as F
 
     columns = _key_columns(with_error)

@@ -1,4 +1,5 @@
-"""What a table allows each writer: the schema Delta appends to, and the protocol, rules and location the columnar writer honours."""
+"""What a table allows each writer: the schema Delta appends to, and the protocol, rules and
+location the columnar writer honours."""
 
 from __future__ import annotations
 

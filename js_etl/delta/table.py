@@ -9,8 +9,8 @@ Every round is one Delta transaction per table, tagged twice:
   snapshot keeps the highest version recorded for each app id (a ``txn`` action, carried through
   checkpoints), so :meth:`DeltaTarget.job_round` reads the job's last round from the snapshot
   itself, however many other commits (other writers, OPTIMIZE, VACUUM, backfills) came after it.
-  Delta silently skips an append whose ``txnVersion`` is at or below the recorded one
-  (measured: the write returns normally and no new version appears), so round numbers must come
+  Delta silently skips an append whose ``txnVersion`` is at or below the recorded one (the
+  write returns normally and no new version appears), so round numbers must come
   from there, never from a window of the history, and every append is checked afterwards
   (:meth:`DeltaTarget.append` raises if it was skipped);
 * ``userMetadata`` = a JSON :class:`CommitTag`, for people and audits reading the history.
@@ -86,11 +86,10 @@ class DeltaTarget:
         """Whether the table exists: yes where ``deltalake`` opens it (:func:`_deltalake_table`),
         else Delta's answer. Delta's ``isDeltaTable`` finds the table's root and loads its log
         in the JVM (``DeltaLog.forTable(root).tableExists``, delta-spark 4.4), which a columnar
-        run never needs otherwise (measured, issue 14: 0.25-0.28 JVM CPU-seconds of every run,
-        over its 7-15 calls). Only a table deltalake opens answers here: its
-        ``is_deltatable`` says yes to logs Delta refuses (one holding only a ``.crc``, or a
-        corrupt first commit; a break-it review), opening refuses them; and a partition
-        directory, whose table Delta finds above it, is Delta's to judge."""
+        run never needs otherwise (docs/design/driver-reads.md). Only a table deltalake opens
+        answers here: its ``is_deltatable`` says yes to logs Delta refuses (one holding only a
+        ``.crc``, or a corrupt first commit), opening refuses them; and a partition directory,
+        whose table Delta finds above it, is Delta's to judge."""
         if self.table:
             return bool(spark.catalog.tableExists(self.table))
         return _deltalake_table(self.location(spark)) is not None or self._delta_finds_path(spark)
@@ -122,8 +121,8 @@ class DeltaTarget:
         (``file:/data/t``, or ``hdfs://nn/data/t`` where ``fs.defaultFS`` says so), so that
         what the driver opens itself — the lock's files, the columnar writer's directory,
         deltalake's view — is the directory Delta reads, whatever the default file system and
-        the JVM's working directory (a break-it review: a scheme-less path on an HDFS cluster
-        was the driver's local disk to deltalake and the lock)."""
+        the JVM's working directory (unqualified, a scheme-less path on an HDFS cluster would be
+        the driver's local disk to deltalake and the lock)."""
         if self.path:
             path, fs = hadoop_path(spark, self.path)
             return str(fs.makeQualified(path).toString()).rstrip("/")
@@ -149,8 +148,7 @@ class DeltaTarget:
                         "point target.path at an empty or new directory, or at a Delta table")
             return
         # deltalake's schema where it reads the table: Spark's read resolves the table and
-        # loads its snapshot, 0.15 s of a 1.9 s one-round columnar run (cProfile) that nothing
-        # else of such a run needs.
+        # loads its snapshot, which nothing else of a columnar run needs.
         schema = view.spark_schema() if view is not None else self.read(spark).schema
         types = {f.name.lower(): f.dataType.simpleString() for f in schema.fields}
         wrong = [f"{name} {kind}" for name, kind in REQUIRED_COLUMNS.items()
@@ -170,10 +168,9 @@ class DeltaTarget:
     def shape(self, spark: SparkSession) -> TableShape:
         """The existing table's protocol, partitioning and schema: ``deltalake``'s view of its
         log where it reads the table (as :meth:`job_round`; the same log, without the Spark job
-        Delta's snapshot runs, 0.23 JVM CPU-seconds of a run: measured, issue 14), else Delta's
-        snapshot (DESCRIBE DETAIL and a read's schema took 0.5 s more).
-        tests/delta/test_delta_shape.py compares the two on tables with every rule the columnar
-        writer must see."""
+        Delta's snapshot runs), else Delta's snapshot, which costs less than DESCRIBE DETAIL and
+        a read's schema (docs/design/driver-reads.md). tests/delta/test_delta_shape.py compares
+        the two on tables with every rule the columnar writer must see."""
 
         view = _deltalake_table(self.location(spark))
         if view is not None:
@@ -236,9 +233,9 @@ class DeltaTarget:
 
     def commit_files(self, spark: SparkSession, directory: str, files: list[WrittenFile],
                      tag: CommitTag) -> int:
-        """Commit Parquet files the round's tasks wrote (:mod:`js_etl.drain.writers.columnar`) as round
-        ``tag.round`` of the job, in one transaction carrying the same ``txn`` action and
-        ``userMetadata`` as :meth:`append`; returns the commit's version.
+        """Commit Parquet files the round's tasks wrote (:mod:`js_etl.drain.writers.columnar`)
+        as round ``tag.round`` of the job, in one transaction carrying the same ``txn`` action
+        and ``userMetadata`` as :meth:`append`; returns the commit's version.
 
         The ``deltalake`` writer does not skip a stale ``txnVersion`` the way Spark's does, so
         the round is checked before the commit (the lock keeps any other run of the job out
@@ -249,16 +246,15 @@ class DeltaTarget:
 
         # deltalake's snapshot, not Spark's: the same txn actions of the same log (the tests
         # read the round back through Spark), without the Spark job that Spark's snapshot runs
-        # to gather them (measured: 0.56 s a call on a 1M-message run, four calls a round).
+        # to gather them (docs/design/driver-reads.md).
 
         table = DeltaTable(directory)
         recorded, before = table.transaction_version(tag.job) or 0, table.version()
         protocol = table.protocol()
         # Rules another writer added during the run. The commit below is made on this version,
-        # and deltalake's fails if a later one changed the protocol or the metadata (measured
-        # with deltalake 1.6.6: a CHECK constraint added by Spark after the load raised
-        # CommitFailedError "Protocol changed since last commit", a property "Metadata changed
-        # since last commit"; another writer's append did not stop it).
+        # and deltalake's fails if a later one changed the protocol or the metadata (a CHECK
+        # constraint, a table property), not if another writer only appended
+        # (docs/design/columnar-writer.md).
         problem = unwritable(protocol.min_reader_version, protocol.min_writer_version,
                              table.metadata().configuration,
                              [f.metadata for f in table.schema().fields])
@@ -336,10 +332,8 @@ class DeltaTarget:
 
 # Spark's writer checkpoints a table at every version that is a multiple of the table's
 # delta.checkpointInterval, 10 where the table sets none. deltalake honours the property but
-# defaults to 100 (measured, deltalake 1.6.6: a table without it, 102 commits, one checkpoint,
-# at version 99). Whoever reads a table replays every commit since its last checkpoint:
-# deltalake opened a table 20 commits past one in 11 ms, 60 past in 30 ms (the driver opens a
-# columnar round's table four times), and Spark's snapshot reads as many log files.
+# defaults to 100. Whoever reads a table replays every commit since its last checkpoint, and the
+# driver opens a columnar round's table several times (docs/design/columnar-writer.md).
 SPARK_CHECKPOINT_INTERVAL = 10
 
 
@@ -443,15 +437,14 @@ def _deltalake_table(location: str) -> LocalView | None:
     """``deltalake``'s view of the latest version of a table in a local directory, or None
     (elsewhere, or a table it cannot read): where it reads the table, it reads the same log as
     Spark's snapshot without the Spark job that snapshot runs to gather the application
-    transactions (measured: job_round took 0.7 s of a 200k x 4 KiB run's first round through
-    Spark's snapshot, 0.007 s through deltalake)."""
+    transactions (docs/design/driver-reads.md)."""
     from deltalake import DeltaTable
     from deltalake.exceptions import DeltaError
 
 
     directory = local_directory(location)
-    # deltalake lists the directory it is given but reads a %XX in it as an escape (a break-it
-    # review: next to "a b", a table in "a%20b" was read partly from "a b"): Spark reads those.
+    # deltalake lists the directory it is given but reads a %XX in it as an escape (next to
+    # "a b", a table in "a%20b" was read partly from "a b"): Spark reads those.
     if directory is None or "%" in directory:
         return None
     try:
@@ -494,8 +487,8 @@ def create_empty(table: DeltaTarget, source: DataFrame, partition_by: list[str])
         writer.save(table.path)
 
 
-# Characters Delta's Spark writer refuses in a column name without column mapping (measured,
-# delta-spark 4.4.0: DELTA_INVALID_CHARACTERS_IN_COLUMN_NAMES); deltalake's create takes them.
+# Characters Delta's Spark writer refuses in a column name without column mapping
+# (DELTA_INVALID_CHARACTERS_IN_COLUMN_NAMES); deltalake's create takes them.
 _REFUSED_IN_NAMES = frozenset(" ,;{}()\n\t=")
 
 
@@ -514,19 +507,18 @@ def needs_spark_to_create(rows: StructType, setting_names: Iterable[str]) -> boo
 
 def create_table(directory: str, rows: StructType, partition_columns: list[str]) -> None:
     """Create the missing table at ``directory`` for this writer, with ``deltalake``, the
-    library that commits its rounds: 10 ms of the driver, where Spark's empty append cost a
-    first run 0.66 JVM CPU-seconds (measured, issue 14). Its first commit holds what Spark's
-    would (protocol reader 1 / writer 2, the schema, the partition columns:
-    tests/drain/test_columnar.py compares the two), unless :func:`needs_spark_to_create`.
+    library that commits its rounds: far cheaper than Spark's empty append, which runs in the
+    JVM. Its first commit holds what Spark's would (protocol reader 1 / writer 2, the schema,
+    the partition columns: tests/drain/test_columnar.py compares the two), unless
+    :func:`needs_spark_to_create`.
 
     Raises if a table is there already, or another process created it meanwhile; the caller
     then reads the table. Never retried: deltalake retries a commit that lost its version by
-    committing at the next one, and a lost CREATE became a second commit that replaced the
-    table's id, schema and partitioning (a break-it review: two processes creating one table,
-    24 of 40 races). Without retries the loser's commit fails, because the local file system
-    writes a version's log file only where none is (measured, deltalake 1.6.6: 0 of 540 races
-    with two commits, against 38 of 40 with
-    mode="error" and the default retries; tests/unit/delta/test_create_table.py races two creates)."""
+    committing at the next one, and when two processes created one table at once the lost
+    CREATE became a second commit that replaced the table's id, schema and partitioning.
+    Without retries the loser's commit fails, because the local file system writes a version's
+    log file only where none is (tests/unit/delta/test_create_table.py races two creates; the
+    measurements: docs/design/columnar-writer.md)."""
     from deltalake import CommitProperties, DeltaTable, Schema
 
     DeltaTable.create(directory, Schema.from_json(rows.json()), mode="error",

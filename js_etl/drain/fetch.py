@@ -62,8 +62,8 @@ def fetch_partition(plan: FetchPlan, elements: Iterator[object],
     writer holds every fetched row until the round's commit).
 
     Two pulls are in flight, on two inboxes of one connection, so the server fills the next
-    batch while this worker converts the last one (profiled: with one pull at a time the worker
-    waited on its socket for about a quarter of the fetch). Every pull that was sent is
+    batch while this worker converts the last one (with one pull at a time the worker waits on
+    its socket for a good part of the fetch). Every pull that was sent is
     collected and its messages emitted, and a pull is only sent while the partition's message
     and byte budgets cover it in full, so the budgets hold exactly as with one pull at a time.
     Priority groups keep one pull in flight: the pin is granted by a delivery, to one pull.
@@ -130,7 +130,7 @@ def fetch_partition(plan: FetchPlan, elements: Iterator[object],
 def _nothing_left(last: AckMetadata, stop_after_seq: int) -> bool:
     """Whether the last delivery of a pull says this partition can stop without another pull:
     it is past the run's target, or it is a first delivery whose pending token is 0 (nothing
-    undelivered left). Redeliveries are not counted in that token (measured), so after a
+    undelivered left). The server does not count redeliveries in that token, so after a
     redelivery only a 404 tells."""
     return last.stream_seq >= stop_after_seq or (last.num_delivered == 1
                                                  and last.num_pending == 0)

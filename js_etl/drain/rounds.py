@@ -35,8 +35,8 @@ class RoundSize:
 @dataclass(frozen=True, slots=True)
 class RoundStats:
     """What a round fetched, counted on the driver from one narrow collect (seq, dead flag,
-    payload bytes) with Arrow kernels. A Spark aggregate with ``count_distinct`` needs a shuffle:
-    profiled on a fresh JVM, its jobs took 2.8 s of a 816,000-message round (0.43 s now)."""
+    payload bytes) with Arrow kernels, not by a Spark aggregate: ``count_distinct`` needs a
+    shuffle, whose jobs cost a big round seconds (docs/design/driver-reads.md)."""
 
     n: int  # rows
     distinct: int  # distinct seqs: fewer than n means a redelivery within the round
@@ -68,24 +68,14 @@ def fetch_seconds(config: JobConfig, ack_wait: float) -> float:
 # message cap at all: a file-backed consumer writes its whole state, every ack-pending delivery
 # in it, up to ten times a second while deliveries and acks change it (nats-server
 # consumerFileStore.flushLoop, encodeConsumerState), so the server's CPU grows with how many
-# deliveries a round holds. Measured with js-etl bench, 1M x 256 B on 2 partitions, one run each
-# (2026-11-25): nats-server took 8.2 CPU-s with the byte budget alone (a round of most of the
-# stream), 7.0 with 250,000 per partition, 5.7 with 100,000 (the drain 94,427 msg/s on 17.9 CPU-s
-# of all processes, against 83,239 on 20.6), and with 50,000 the rounds' own cost won (74,529
-# msg/s). Spark's writer has no default cap: its rounds cost several Spark jobs each, and
-# 100,000 made its drain 25,283 msg/s against 44,126.
+# deliveries a round holds; much smaller rounds pay more for the rounds themselves. Spark's
+# writer has no default cap: its rounds cost several Spark jobs each. The measurements behind
+# both caps: docs/design/round-size.md.
 COLUMNAR_PARTITION_MESSAGES = 100_000
 # ... and its byte twin, for large messages: the flusher re-encodes the pending deliveries for as
 # long as the round's fetch keeps changing them, so the server's cost grows with how many a round
 # holds *times how long it fetches*, and a round of 4 KiB messages fetches ~16x the bytes of one
-# of 256 B. Measured on 200,000 x 4 KiB, 2 partitions (2026-11-26, the CPU-s of all our
-# processes): one round took nats-server 4.8-5.1 of them under js-etl, 3.4-3.8 under the simple
-# peer (js-etl bench, three runs each). Interleaved on one stream, the peer and each variant in
-# turn, three times: one round 11.13 / 10.30 / 8.52, this cap (~48,000 a partition, 2 rounds)
-# 9.74 / 9.34 / 8.30; in a second such run the cap 8.70 / 7.76 / 10.04, 32,000 and 24,000 a
-# partition (4 and 5 rounds) 8.52 / 8.17 / 10.28 and 8.23 / 8.35 / 9.91: no better, the rounds'
-# own cost taking back what the server saves. It binds above ~2 KiB a message; at 256 B the
-# message cap does.
+# of 256 B. It binds above ~2 KiB a message; at 256 B the message cap does.
 COLUMNAR_PARTITION_BYTES = 192 << 20
 
 

@@ -229,10 +229,11 @@ class Drain:
                 # round: a failed task attempt's deliveries, or committed ones whose acks a
                 # restarted server lost (SIGKILLed before it stored them). Left alone they keep
                 # their ack-pending slots until ack_wait, and every round shrinks to the slots
-                # left (docs/design/failover.md). Released now, sound under the lease as the fence's release is; a committed one comes
-                # back and is found in the table and acked, never written twice. (On an
-                # overflow group's consumer other clients' deliveries are theirs: released only
-                # after a round that fetched nothing, as before.)
+                # left (docs/design/failover.md). Released now, sound under the lease as the
+                # fence's release is (docs/design/fence.md); a committed one comes back and is
+                # found in the table and acked, never written twice. (On an overflow group's
+                # consumer other clients' deliveries are theirs: released only after a round
+                # that fetched nothing, as before.)
                 report.released_at_end += acks.release(info)
                 info = js.consumer_info(self.source.stream, self.source.consumer)
             if not next_round:
@@ -252,8 +253,8 @@ class Drain:
                     f"run did not make; they return after ack_wait "
                     f"({info.config.ack_wait or 0:g}s): retry then")
             if self.pin.pinned and self.pin.pin_id is None:
-                # Only a delivery takes the pin (measured: a 409-only pull does not), so the
-                # first round pulls on one partition; later rounds share its pin id.
+                # Only a delivery takes the pin (a pull answered only with a 409 does not), so
+                # the first round pulls on one partition; later rounds share its pin id.
                 size = replace(size, partitions=1)
             acks.holds.check()  # a run that lost the consumer pulls nothing more
             try:

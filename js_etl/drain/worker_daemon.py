@@ -3,14 +3,10 @@
 PySpark starts one daemon process per executor (``python -m pyspark.daemon``), which forks a
 worker per concurrent task. Every fresh worker imported pyarrow's compute, JSON and Parquet
 modules, pandas (pyarrow's compute functions import it where it is installed) and js-etl's
-fetch, decode and NATS client modules at its first task, on its own (issue 14: one 100,000 x
-4 KiB columnar fetch task outside Spark cost 4.3 CPU-s the first time in a process, 3.6 the next
-times and the first time once they were imported). A drain's
-workers are fresh in every new process and after a minute idle (PySpark's idle-worker timeout),
-so every run paid it once per partition. Imported here, in the daemon, forked workers share
-them: paid once per executor. py-spy over one 100,000 x 4 KiB drain in a new local[2] session:
-the two workers spent 2.98 s in imports, 0.22 s with this
-daemon, which spent 1.2 s more on them itself — 1.6 CPU-s less a run on two partitions.
+fetch, decode and NATS client modules at its first task, on its own: CPU every fresh worker
+spent again. A drain's workers are fresh in every new process and after a minute idle (PySpark's
+idle-worker timeout), so every run paid it once per partition. Imported here, in the daemon,
+forked workers share them: paid once per executor (docs/design/columnar-writer.md).
 
 Set for local sessions only (``spark.python.daemon.module``, :func:`js_etl.spark.session.
 local_builder`; a ``spark.conf`` setting of it wins): under spark-submit the executors' Python

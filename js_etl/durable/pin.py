@@ -1,9 +1,9 @@
 """A drain run's hold on the pin of a ``pinned_client`` priority group (NATS ADR-42).
 
-Only a delivery takes the pin (measured: a 409-only pull does not), so a pinned run's first round
-pulls on one partition and later rounds share the pin id it was given. Between rounds the run
-checks it still holds the pin; at its end it releases it (UNPIN) rather than leaving the next run
-to wait for ``priority_timeout``.
+Only a delivery takes the pin (a pull answered only with a 409 does not), so a pinned run's
+first round pulls on one partition and later rounds share the pin id it was given. Between
+rounds the run checks it still holds the pin; at its end it releases it (UNPIN) rather than
+leaving the next run to wait for ``priority_timeout``.
 """
 
 from __future__ import annotations

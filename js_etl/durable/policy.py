@@ -144,12 +144,12 @@ def drain_consumer_problems(config: ConsumerConfig, *, min_ack_wait: float,
                         f"`nats consumer edit {stream} {consumer} --wait {seconds}s -f`, or lower "
                         "fetch.pull_timeout (a round needs 3 x fetch.pull_timeout)")
     if config.max_deliver is not None and config.max_deliver > 0:
-        # The server drops a message after max_deliver deliveries and moves its ack floor past
-        # it (measured on nats-server 2.15.1: once the delivery count reaches max_deliver an
-        # unacked message is dropped when the server would deliver it again, the ack floor moves
-        # past it and no advisory reaches a pull client; a NAK counts as a delivery spent); a
-        # run that dies after fetching, or a fence NAK, spends a delivery without committing.
-        # No timing makes that safe, so the drain refuses the limit.
+        # The server drops a message after max_deliver deliveries: once the delivery count
+        # reaches it, an unacked message is dropped when the server would deliver it again, the
+        # ack floor moves past it and no advisory reaches a pull client; a NAK counts as a
+        # delivery spent. A run that dies after fetching, or a fence NAK, spends a delivery
+        # without committing. No timing makes that safe, so the drain refuses the limit
+        # (docs/design/max-deliver.md).
         problems.append(f"max_deliver {config.max_deliver}: the server drops a message after "
                         "that many deliveries, and a run that dies after fetching spends one, so "
                         "a crash could lose messages for good (js-etl parks poison itself: "

@@ -1,16 +1,15 @@
 """Acks by reply subject, from any connection, each block confirmed applied.
 
-The server keys explicit acks by stream sequence (measured: acking from a second connection, and
-with a stale delivery's subject, both work), so acks need not travel with the messages: the
-driver can ack what a Delta commit holds.
+The server keys explicit acks by stream sequence (acking from a second connection, and with a
+stale delivery's subject, both work), so acks need not travel with the messages: the driver can
+ack what a Delta commit holds.
 
 **A flush is not an ack.** A flush returns once the server has *read* the acks; the consumer
 applies them later, from its own queue, while pulls from other connections are served by other
-code with no ordering between the two (measured on nats-server 2.15.1, one box: a pull sent from
-a second connection 22 ms after flushing 1,000 ``+ACK``s of messages whose ``ack_wait`` had
-expired was served 552 of those already-acked messages). So every block is **confirmed**: after
-its PUB commands we send the block's last subject once more *with a reply inbox*, and wait for
-the answer. What that relies on (nats-server 2.15 ``server/consumer.go``, read and measured):
+code with no ordering between the two: a pull right after a flush can be served messages that
+were just acked. So every block is **confirmed**: after its PUB commands we send the block's
+last subject once more *with a reply inbox*, and wait for the answer. What that relies on
+(nats-server 2.15 ``server/consumer.go``):
 
 * every message to a consumer's ack subject goes through ``pushAck`` into one FIFO queue
   (``o.ackMsgs``), which one goroutine (``processInboundAcks``) applies in order;
@@ -24,7 +23,7 @@ the answer. What that relies on (nats-server 2.15 ``server/consumer.go``, read a
 So the answer proves that every command of the block, sent before it on the same connection, has
 been applied.
 ``tests/jetstream/test_jetstream_ack.py::test_confirmed_block_is_applied_before_the_next_pull``
-measures it: a NAK block then an ACK block of the same messages, then a pull from another
+checks it: a NAK block then an ACK block of the same messages, then a pull from another
 connection, repeated; with the confirmation the pull finds nothing every time.
 
 A ``+TERM`` block confirms with ``+ACK`` (a TERM is an ack plus an advisory: a second TERM would
@@ -32,9 +31,8 @@ send the advisory twice). If the connection was re-established while a block was
 answer proves nothing about the commands written before the reconnect, so the whole block is
 sent again (acks, TERMs and NAKs of queued messages are idempotent).
 
-Fire-and-forget + one confirm costs one round trip per block: ~400k acks/s vs ~11k/s for
-sequential confirmed acks (measured with nats-py on one connection, server on the same 2-core
-box: 416k-473k acks/s for fire-and-forget plus one flush, 11k/s for sequential ``ack_sync``).
+Fire-and-forget plus one confirmation costs one round trip per block, not one per ack. The
+evidence for all of this: ``docs/design/confirmed-acks.md``.
 """
 
 from __future__ import annotations
@@ -60,7 +58,7 @@ MIN_ACK_RATE = 5_000
 
 
 def nak_body(delay: float | None = None) -> bytes:
-    # The delay must be integer nanoseconds: a string like "1s" is silently ignored (measured).
+    # The delay must be integer nanoseconds: the server silently ignores a string like "1s".
     return b"-NAK" if not delay else b"-NAK " + json.dumps({"delay": int(delay * 1e9)}).encode()
 
 
@@ -95,8 +93,8 @@ def ack_block(prefix: str, num_delivered: pa.Array, stream_seq: pa.Array, consum
     """The block that sends ``body`` to the ack subject of every delivery.
 
     Same subjects as :func:`~js_etl.jetstream.subjects.ack_subject`, built by Arrow kernels in
-    one pass: a round's acks are hundreds of thousands of subjects, and building them one Python
-    string at a time was a visible part of the ack phase (profiled).
+    one pass: a round's acks are hundreds of thousands of subjects, too many to build one Python
+    string at a time.
     """
     n = len(stream_seq)
     if n == 0:
@@ -125,8 +123,8 @@ class Acker:
         self.conn = conn
         self.confirm_timeout = confirm_timeout
         self.attempts = attempts
-        # Each wait for an answer allows for a loaded machine (module docstring), and longer
-        # while the block is seen applied (send).
+        # Each wait for an answer allows for a loaded machine, and longer while the block is
+        # seen applied (send; docs/design/acks-under-load.md).
         self.ack_rate = ack_rate
 
     async def send(self, block: AckBlock) -> int:

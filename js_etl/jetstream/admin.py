@@ -77,8 +77,8 @@ class JetStreamAdmin:
         try:
             answer = await self._call(f"CONSUMER.RESET.{stream}.{consumer}", {"seq": seq})
         except NatsUnavailableError:
-            # The server does not answer a reset of a missing consumer or stream (measured on
-            # 2.15.1): say which is missing instead of a transient "no answer".
+            # The server does not answer a reset of a missing consumer or stream: say which is
+            # missing instead of a transient "no answer".
             await self.consumer_info(stream, consumer)
             raise
         return int(answer.get("reset_seq", seq))
@@ -101,9 +101,9 @@ async def first_message_at_or_after(admin: JetStreamAdmin, stream: str,
     """``(stream sequence, RFC 3339 time)`` of the first message stored at or after
     ``start_time`` (RFC 3339, up to nanoseconds), or None when no message is that recent.
 
-    ``$JS.API.STREAM.MSG.GET.<stream>`` with ``{"start_time": …}`` (measured on 2.15.1: the bound
-    is inclusive at nanosecond precision; an earlier time than every message answers the first
-    message still stored; a later one answers 404 err_code 10037 "no message found"). The answer
+    ``$JS.API.STREAM.MSG.GET.<stream>`` with ``{"start_time": …}`` (the bound is inclusive at
+    nanosecond precision; an earlier time than every message answers the first message still
+    stored; a later one answers 404 err_code 10037 "no message found"). The answer
     carries the message's payload too, so this is for resolving a few bounds, not for reading.
     """
     try:

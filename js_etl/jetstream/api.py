@@ -4,7 +4,7 @@ One dataclass per wire object, with ``from_response`` (unknown keys ignored, so 
 do not break us) and ``as_dict`` (``None`` dropped). Units are converted here and only here:
 durations are ``float`` seconds in Python and nanoseconds on the wire; times are aware UTC
 ``datetime`` in Python and RFC 3339 on the wire (the codec: :mod:`js_etl.instant`). nats-py's
-own ``ConsumerConfig`` cannot carry priority groups (measured: ``TypeError``), which is why these
+own ``ConsumerConfig`` cannot carry priority groups (it raises ``TypeError``), which is why these
 exist.
 """
 

@@ -34,26 +34,22 @@ def task_gc() -> Iterator[None]:
     since this is a generator, while its consumer decodes and writes each batch); on again
     after, in this reused worker.
 
-    Why off: every frame allocates a few container objects, so the collector ran ~600 times in
-    a 400k-message task and took 0.42 of its 4.0 CPU-seconds at 256 B (0.13 of 3.7 at 4 KiB),
-    measured with ``gc.callbacks``. What it relies on: the fetch makes no cycles per message
-    (bytes, lists, frozen dataclasses, Arrow arrays are freed by reference counting); asyncio's
-    per-pull futures may, a few objects a pull, and are collected once the collector is back.
+    Why off: every frame allocates a few container objects, so the collector would run again
+    and again during a task, looking for cycles the fetch never makes. What it relies on: the
+    fetch makes no cycles per message (bytes, lists, frozen dataclasses, Arrow arrays are freed
+    by reference counting); asyncio's per-pull futures may, a few objects a pull, and are
+    collected once the collector is back.
 
     Why frozen (``gc.freeze``): PySpark's daemon runs a full ``gc.collect()`` in a reused
     worker after every task (``pyspark/daemon.py``), and that walked every object the worker
-    had imported — pyarrow, pandas, nats-py, js-etl: ~90,000 of them. Measured (2026-11-26,
-    local[2]): a trivial two-task ``mapInArrow`` job cost its workers 93 ms of CPU, 3.5 ms
-    with this: about 45 ms saved a task, that is a round's every task. What it relies on: the
-    daemon's collect after the last task leaves no cyclic garbage, so what lives at a task's
-    start is live; measured at the start of eight tasks in a row, ``gc.collect()`` found 0
-    objects each time and the frozen count stayed at 90,868 from the third task on. The cost:
-    an object frozen here is never examined by the cycle collector again (reference counting
-    still frees it), so a cycle it joins later is not reclaimed. To keep that bounded, only a
-    worker's first two tasks freeze (:data:`_FREEZES`): the first what the worker imported to
-    start it, the second what the first imported as it ran (pandas through pyarrow, pyarrow's
-    JSON reader and Parquet writer): 62,049 and then 90,866 objects in the measurement above,
-    90,868 at the third task's start.
+    had imported (pyarrow, pandas, nats-py, js-etl) after every task of every round. What it
+    relies on: the daemon's collect after the last task leaves no cyclic garbage, so what lives
+    at a task's start is live. The cost: an object frozen here is never examined by the cycle
+    collector again (reference counting still frees it), so a cycle it joins later is not
+    reclaimed. To keep that bounded, only a worker's first two tasks freeze (:data:`_FREEZES`):
+    the first what the worker imported to start it, the second what the first imported as it
+    ran (pandas through pyarrow, pyarrow's JSON reader and Parquet writer). The measurements:
+    docs/design/columnar-writer.md.
     """
     global _FREEZES
     if _FREEZES:
@@ -120,9 +116,9 @@ def to_record_batch(messages: Deliveries, ack_prefix: str) -> pa.RecordBatch:
 
 def binary_array(values: list[bytes]) -> pa.Array:
     """``pa.array(values, pa.binary())`` for ``bytes`` values (``len`` is their size), built
-    from one join and the lengths: pyarrow's own conversion took 9.1-9.7 ms for 4,000 values of
-    256 B or of 4 KiB alike, this 0.4 and 3.4-4.3 ms (a fetch task's batch; 2-core box). For a
-    pull's subjects and ack replies (its payloads are one buffer already: Deliveries)."""
+    from one join and the lengths, which is faster than pyarrow's own conversion of a fetch
+    task's batch (docs/design/nats-client.md). For a pull's subjects and ack replies (its
+    payloads are one buffer already: Deliveries)."""
     offsets = array("i", [0])
     try:
         offsets.extend(accumulate(map(len, values)))

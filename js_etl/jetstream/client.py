@@ -63,12 +63,8 @@ class _TlsStreamProtocol(asyncio.StreamReaderProtocol):
 
 # How much a connection reads from its socket's stream at once (nats-py: 32 KiB), and how much
 # that stream buffers before it pauses the socket. asyncio's stream copies what is left after
-# each read to its front, and a pull's frames arrive far faster than 32 KiB at a time, so every
-# byte was moved several times. Measured (2026-11-26: one process pulling 100,000 x 4 KiB
-# through Puller from a local nats-server, no acks, three alternating runs each): 0.81-1.01
-# CPU-s with 32 KiB reads, 0.67-0.81 with 256 KiB, 0.68-0.83 with 1 MiB; a whole 100,000 x 4 KiB
-# fetch task (pull, decode, Parquet), three alternating triples: 2.92-3.74 with 32 KiB,
-# 2.16-3.18 with 256 KiB (1 MiB had made it slower, on earlier code: README, Benchmarks).
+# each read to its front, and a pull's frames arrive far faster than 32 KiB at a time, so with
+# small reads every byte was moved several times (docs/design/nats-client.md).
 READ_SIZE = 256 << 10
 
 
@@ -78,10 +74,8 @@ class _TcpTransport(TcpTransport):
 
     nats-py hands the socket to ``loop.start_tls``; when the handshake fails, asyncio closes the
     socket under the TLS layer, and the plain stream nats-py then waits on to close is never told:
-    ``Client._close`` awaited it for ever (measured: ``js-etl status`` with connect_timeout 2 s
-    against a server whose certificate the client cannot verify printed nothing and was still
-    hanging when killed at 30 s; issue 17 saw 300 s). After a failed upgrade there is nothing left
-    to wait for.
+    ``Client._close`` awaited it for ever, so a certificate the client cannot verify hung the
+    connect past ``connect_timeout``. After a failed upgrade there is nothing left to wait for.
     """
 
     def __init__(self) -> None:
@@ -136,12 +130,10 @@ class _FrameParser(Parser):
     fast path and nats-py's parser reads the rest of the buffer as it always did.
 
     Why: nats-py's parser costs a regex match, a dict of arguments, two payload copies and a
-    coroutine per frame. Measured on 4,000 frames of 256 B fed in 32 KiB reads (the pull's
-    sink included): 3.1 µs a frame with nats-py's parser, 2.1-2.5 µs with this one; in a
-    400k-message fetch task at 256 B the parse took 2.0 of 4.1-4.4 CPU-seconds, then 1.6-1.7.
-    ``tests/unit/jetstream/test_frame_parser.py`` checks it hands over exactly what nats-py's parser
-    does, split at every read boundary. nats-py's ``stats["in_msgs"]`` no longer counts these
-    frames; nothing reads it.
+    coroutine per frame, a large share of a fetch task's work on small messages
+    (docs/design/nats-client.md). ``tests/unit/jetstream/test_frame_parser.py`` checks it hands
+    over exactly what nats-py's parser does, split at every read boundary. nats-py's
+    ``stats["in_msgs"]`` no longer counts these frames; nothing reads it.
     """
 
     _taken = 0  # bytes at the buffer's start already handed to sinks
@@ -177,7 +169,7 @@ class _FrameParser(Parser):
             line = view[pos:eol].tobytes()
             args = line.split(b" ")
             if args != line.split():  # other whitespace, doubled, leading or trailing: nats-py's
-                return True  # regexes decide (a break-it review found lines it refuses)
+                return True  # regexes decide: they refuse some such lines
             n = len(args)
             # MSG <subject> <sid> [reply] <size> | HMSG <subject> <sid> [reply] <hsize> <size>
             if n in (4, 5) and args[0] == b"MSG":
@@ -368,10 +360,9 @@ class JetStreamConnection:
                 # session meets after idling: its event loop runs only during calls, so the
                 # server's PINGs go unanswered and the server closes the connection as stale
                 # (defaults ping_interval 2 min, ping_max 2: after 4-6 idle minutes, e.g. a long
-                # Spark phase). Measured: server with ping_interval 200ms, ping_max 1, a session
-                # idle 3 s — STREAM.INFO timed out after 5 s with reconnects 0 -> 1
-                # (tests/jetstream/test_jetstream_connection.py). The API calls js-etl makes are
-                # reads or idempotent (INFO, MSG.GET, consumer create with the same config).
+                # Spark phase; tests/jetstream/test_jetstream_connection.py). The API calls
+                # js-etl makes are reads or idempotent (INFO, MSG.GET, consumer create with the
+                # same config).
                 msg = await self.nc.request(subject, payload, timeout=timeout)
         except nats.errors.NoRespondersError as e:
             raise NatsUnavailableError(

@@ -84,11 +84,9 @@ class Deliveries(Sequence[JsMessage]):
     takes the columns, and the payloads as one Arrow array over that buffer
     (:meth:`payload_array`).
 
-    Why: measured per message, a ``JsMessage`` with its subject and reply decoded cost 0.84 µs,
-    four appends 0.13 µs, in a fetch task whose whole work was 6.7 µs a message at 256 B. And
-    the payloads: each copied out of the read buffer as its own ``bytes``, then all of them
-    joined into the Arrow array's buffer, took 13.2 ms for 2,000 payloads of 4 KiB; appended to
-    one buffer straight from the read buffer, 1.9 ms (2026-11-26, this 2-core box).
+    Why: no object per message, and no copy of each payload as its own ``bytes`` to be joined
+    again into the Arrow array's buffer: both were measurable costs of a fetch task
+    (docs/design/nats-client.md).
     """
 
     __slots__ = ("_data", "_ends", "_shared", "headers", "replies", "subjects")

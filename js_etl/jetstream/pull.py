@@ -2,9 +2,9 @@
 spoken as the server actually speaks it.
 
 One pull = one ``$JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer>`` request, answered on our inbox
-by data frames and at most one status frame. How a pull ends (all measured on nats-server 2.15.1
-with a raw-socket client recording the exact frames;
-``tests/jetstream/test_jetstream_pull.py`` pins each case against a real server):
+by data frames and at most one status frame. How a pull ends (nats-server 2.15;
+docs/reference/jetstream-wire-facts.md, and ``tests/jetstream/test_jetstream_pull.py`` pins each
+case against a real server):
 
 * ``batch`` messages arrived: **no terminator** is sent, so we count.
 * ``max_bytes`` consumed exactly: **no terminator** either, so we count bytes with the server's
@@ -23,8 +23,7 @@ consumer the leader holds each delivery until the consumer's Raft group has the 
 (nats-server ``consumer.go`` ``deliverMsg`` → ``addReplicatedQueuedMsg``), and makes 404/408 wait
 for those deliveries (``waitingDeliveries``). ``409 Batch Completed`` (sent when ``batch`` is used
 up but bytes are left) and ``409 Message Size Exceeds MaxBytes`` go out at once, so on R3 they
-arrive *before* some or all of the data frames (measured in ``tests/cluster/test_cluster_pull.py``:
-8 pulls of 2,000 × 100 B on R3 received as few as 0 of the 2,000 frames by the 409; R1: all).
+can arrive *before* some or all of the data frames (``tests/cluster/test_cluster_pull.py``).
 What the server does promise: those statuses carry ``Nats-Pending-Messages`` = the request's
 batch still unused, so ``batch - Nats-Pending-Messages`` frames were delivered to this pull. We
 keep listening until that many arrived (bounded by the pull's deadline, after which the inbox is

@@ -1,6 +1,6 @@
 """The ack reply subject of a JetStream delivery: the one place that takes it apart and builds it.
 
-Two forms exist (measured on nats-server 2.15.1):
+Two forms exist (nats-server 2.15):
 ``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>`` (9 tokens), and with a
 domain and account hash ``$JS.ACK.<domain>.<hash>.<stream>…`` (11 tokens, 12 with a trailing
 random token). ``<ts>`` is the message's stored stream time in nanoseconds; ``<pending>`` is the
@@ -39,7 +39,7 @@ def ack_subject(prefix: str, num_delivered: int, stream_seq: int, consumer_seq: 
     """Rebuild an ack subject for a delivery from what a table row keeps.
 
     The server keys explicit acks by stream sequence and takes the delivery sequence from its own
-    pending record (measured: an ack on a stale delivery's subject acks the current delivery), so
+    pending record (an ack on a stale delivery's subject acks the current delivery), so
     timestamp and pending tokens are not needed and are sent as 0.
     """
     return f"{prefix}.{num_delivered}.{stream_seq}.{consumer_seq}.0.0"
@@ -133,8 +133,8 @@ class AckColumns:
 
 def parse_ack_columns(replies: pa.Array, prefix: str) -> AckColumns:
     """Split the reply subjects of one pull (``string`` array, 9-token form under ``prefix``)
-    by Arrow compute kernels (profiled: the per-message token parsing cost more than the rest of
-    a fetched batch together). ForeignAckSubjectError names the first that is not under
+    by Arrow compute kernels: parsing each message's tokens in Python cost more than the rest of
+    a fetched batch together. ForeignAckSubjectError names the first that is not under
     ``prefix``."""
     prefix_dot = prefix + "."
     if not pc.all(pc.starts_with(replies, prefix_dot)).as_py():

@@ -1,7 +1,7 @@
 """A blocking facade over the async layer, for Spark Python workers and the driver.
 
 Spark reuses Python workers between tasks, and after ``asyncio.run`` a worker has no current
-event loop (measured), so nothing here is global: each session owns a fresh event loop for its
+event loop, so nothing here is global: each session owns a fresh event loop for its
 lifetime. A session is created inside the partition function; only picklable
 :class:`ConnectionOptions` cross to the executors.
 

@@ -211,8 +211,8 @@ def read_range(plan: RangeFetchPlan, index: int) -> Iterator[pa.RecordBatch]:
     ``consumer_seq`` null.
 
     The consumer's name is unique to this attempt: creating a consumer under an existing name
-    with the same config answers the *existing* consumer, already advanced (measured), so a
-    retried task reusing the name would skip what its failed attempt read.
+    with the same config answers the *existing* consumer, already advanced, so a retried task
+    reusing the name would skip what its failed attempt read.
     """
     lo, hi = plan.bounds[index]
     name = f"{plan.name_prefix}_{index}_{uuid.uuid4().hex[:8]}"

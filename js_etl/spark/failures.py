@@ -13,8 +13,8 @@ from js_etl.errors import JsEtlError, TransientError
 
 # Spark's words for an executor (or the blocks it held) gone mid-job: infrastructure, not input,
 # so the run is transient (75) like a NATS outage. CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND is what a
-# worker killed after a round's checkpoint gave on a standalone cluster (issue 18); the fault
-# point lose_checkpoint reproduces it in local mode (tests/drain/test_faults.py).
+# worker killed after a round's checkpoint gives on a standalone cluster; the fault point
+# lose_checkpoint reproduces it in local mode (tests/drain/test_faults.py).
 _EXECUTOR_LOST = ("CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND", "ExecutorLostFailure",
                   "FetchFailedException")
 # The last line of a Python traceback that Spark carries back from an executor.

@@ -35,7 +35,7 @@ def configure_delta(builder: SparkSession.Builder, *, jars: list[str] | None = N
 
     ``jars=[]`` adds no jars and leaves ``spark.jars`` alone: under spark-submit it holds the
     ``--jars`` list, and setting it to ``""`` here wiped it, so executors on a cluster got no
-    Delta classes (issue 18; tests/cluster/test_spark_submit_jars.py).
+    Delta classes (tests/cluster/test_spark_submit_jars.py).
     """
     jar_list = jars if jars is not None else delta_jars()
     if jar_list:
@@ -45,8 +45,8 @@ def configure_delta(builder: SparkSession.Builder, *, jars: list[str] | None = N
     return builder
 
 
-# Where a JVM option may come from besides spark.driver.extraJavaOptions: the JVM refuses to start
-# with two garbage collectors chosen ("Multiple garbage collectors selected", measured on Java 17).
+# Where a JVM option may come from besides spark.driver.extraJavaOptions: the JVM refuses to
+# start with two garbage collectors chosen ("Multiple garbage collectors selected", Java 17).
 _JVM_OPTION_SOURCES = ("SPARK_SUBMIT_OPTS", "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS",
                        "JDK_JAVA_OPTIONS")
 _CHOOSES_GC = re.compile(r"-XX:[+]Use\w*GC\b")
@@ -57,18 +57,15 @@ def local_jvm_options(*, columnar: bool, conf: Mapping[str, str] | None = None,
                       environ: Mapping[str, str] | None = None) -> str:
     """The driver JVM's options for local Spark (the JVM that also runs the executor).
 
-    * ``-XX:+UseSerialGC``: measured with ``js-etl bench`` on the 2-core box (one run each,
-      2026-11-25): with Java 17's default G1 the memory check's JVM grew from 862 to 1,220 MiB
-      between 1M and 4M messages (its heap in use flat at 86/87 MiB: G1 kept committing heap
-      towards the 1 GiB maximum), with the serial collector from 702 to 841 MiB (total ratio
-      1.21 against 1.08); Spark's writer drained 1M x 256 B at 44,126 msg/s against G1's
-      41,933, the columnar writer at the same speed.
+    * ``-XX:+UseSerialGC``: with Java 17's default G1 the JVM kept committing heap towards its
+      maximum while the heap in use stayed flat, so a drain's memory grew with its backlog; with
+      the serial collector it grew far less, and no drain was slower.
     * ``-XX:TieredStopAtLevel=1`` (C1 only) when the drain will use the columnar writer
-      (:func:`js_etl.drain.writers.columnar_plan.expects_columnar`): the JVM then only coordinates, and its
-      compiler threads had taken 5.3 of its 8.2 CPU seconds (1M x 256 B, read from /proc);
-      with C1 only, 82,007-86,393 msg/s on 20.1-21.0 CPU seconds of all the bench's processes,
-      against 76,457 on 24.0. Not for Spark's writer: its rows run through the JVM,
-      and with C1 only it drained 35,265 msg/s against 44,126.
+      (:func:`js_etl.drain.writers.columnar_plan.expects_columnar`): the JVM then only
+      coordinates, and its compiler threads took most of its CPU. Not for Spark's writer: its
+      rows run through the JVM, which is slower without C2's code.
+
+    The measurements: docs/design/local-spark.md.
 
     Neither is added where the environment (``environ``, default os.environ) or the session's
     ``spark.driver.defaultJavaOptions`` (in ``conf``) already picks a collector or a compiler
@@ -174,8 +171,8 @@ def spark_jvm(spark: SparkSession) -> Any:
 def java_class(spark: SparkSession, name: str) -> Any:
     """The JVM's class ``name`` (fully qualified) for py4j calls. Spelled as attributes
     (``jvm.org.apache.hadoop.fs.Path``) py4j asks the JVM about every dot: five calls before
-    the one that is wanted; a ``JavaClass`` asks nothing until it is called. A run made ~100 of
-    those calls (counted in a bench leg, issue 14)."""
+    the one that is wanted; a ``JavaClass`` asks nothing until it is called. A run makes many
+    such calls (docs/design/driver-reads.md)."""
     from py4j.java_gateway import JavaClass
 
     return JavaClass(name, spark_jvm(spark)._gateway_client)

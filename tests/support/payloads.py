@@ -47,7 +47,7 @@ PAYLOADS: dict[bytes, str | None] = {
     b"{'id': 17}": "malformed JSON",  # single quotes: Spark's parser takes them by default
     b'{"id": NaN}': "malformed JSON",
     # Spark's parser refuses an integer literal of over 1,000 digits, even in a field the schema
-    # does not name (the data source's decoder applies the same limit: source_decode.py).
+    # does not name (the data source's decoder applies the same limit: js_etl/decode/arrow.py).
     b'{"id": 19, "x": ' + b"9" * 1_001 + b"}": "malformed JSON",
     b'{"id": 20, "x": ' + b"9" * 1_000 + b"}": None,
     b'{"id": "x"}': f"JSON does not match decode.schema ({PAYLOAD_SCHEMA})",

@@ -31,7 +31,7 @@ _COPYABLE_ORIGIN = ("subject",)
 
 
 # What the columnar writer decodes as Spark does. Not SMALLINT or TINYINT: Spark's parser takes
-# 200 into a TINYINT as -56 (a break-it review), the decoders refuse it.
+# 200 into a TINYINT as -56, the decoders refuse it.
 _WRITABLE_TYPES = ("bigint", "int", "double", "string", "boolean")
 
 
@@ -48,7 +48,7 @@ _PLAIN_TYPES = {"bigint": "bigint", "long": "bigint", "int": "int", "integer": "
 
 
 # What a partition column may copy: not DOUBLE (0.0 and -0.0 are one value to a filter and
-# two to a grouping, so a row went into two files: a break-it review).
+# two to a grouping, so a row would go into two files).
 _PARTITION_TYPES = ("bigint", "int", "string", "boolean")
 
 
@@ -177,7 +177,7 @@ def row_schema(config: JobConfig) -> tuple[StructType, list[str]]:
     It is the schema the Spark writer's rows have (:meth:`~js_etl.drain.run.Drain.
     _empty_rows`; tests/drain/test_columnar.py compares the two for every kind of field and
     partition this writer takes), worked out without analysing the Spark decoding that this
-    writer never runs: that analysis cost a run 0.35 JVM CPU-seconds (measured, issue 14)."""
+    writer never runs: that analysis runs in the JVM, every run (docs/design/driver-reads.md)."""
     from pyspark.sql.types import DateType, StructField, StructType, _parse_datatype_string
 
     raw = _parse_datatype_string(RAW_DDL)

@@ -1,4 +1,5 @@
-"""The columnar writer's fetch task, on the executor: pull, decode with Arrow, write the rows and dead letters to Parquet files, and return their keys and file descriptions."""
+"""The columnar writer's fetch task, on the executor: pull, decode with Arrow, write the rows
+and dead letters to Parquet files, and return their keys and file descriptions."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ class TaskOutput:
     """One item of a fetch task's output, for one of:
 
     * a pulled batch: ``keys``, the Arrow IPC stream of the batch's :data:`KEY_SCHEMA` columns
-      (one value per pull, not one per message: 1M key rows through the JVM cost it seconds);
+      (one value per pull, not one per message: rows through the JVM are what this writer
+      avoids);
     * a file of rows the task wrote: ``file``;
     * the file of dead letters it wrote (one at most): ``dead_letters`` (its path relative to
       :attr:`ColumnarPlan.dead_letter_files`)."""
@@ -56,9 +58,10 @@ class RoundOutput:
 def fetch_decode_write(fetch: FetchPlan, plan: ColumnarPlan, round_no: int,
                        elements: Iterator[int]) -> Iterator[TaskOutput]:
     """``mapPartitions`` body over one element a partition: the fetch
-    (:func:`~js_etl.drain.fetch.fetch_partition`), each pulled batch decoded, its good rows written
-    on into one Parquet file per partition value and its dead letters into the task's dead-letter
-    file (:class:`~js_etl.delta.files.TaskFiles`); yields the keys of each pull, then each file once all are closed.
+    (:func:`~js_etl.drain.fetch.fetch_partition`), each pulled batch decoded, its good rows
+    written on into one Parquet file per partition value and its dead letters into the task's
+    dead-letter file (:class:`~js_etl.delta.files.TaskFiles`); yields the keys of each pull,
+    then each file once all are closed.
 
     What fetch.partition_max_bytes bounds here is the round's dead letters (payload, headers and
     subject counted), which Spark's append reads back where the dead-letter table does not take
