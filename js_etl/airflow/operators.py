@@ -37,6 +37,7 @@ from airflow.sdk.exceptions import (
 import js_etl.jobs
 from js_etl.airflow.assets import table_alias, target_asset
 from js_etl.airflow.hooks import JetStreamHook
+from js_etl.airflow.job_config import load_job_config, override_list
 from js_etl.config import JobConfig, load_config
 from js_etl.errors import JsEtlError
 from js_etl.report import summary_table
@@ -125,27 +126,6 @@ def _is_dynamic(value: Any) -> bool:
     if isinstance(value, list | tuple):
         return any(_is_dynamic(v) for v in value)
     return True
-
-
-def _yaml_text(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_yaml_text(v) for v in value) + "]"
-    return str(value)
-
-
-def override_list(overrides: Mapping[str, Any] | Sequence[str] | None) -> list[str]:
-    """``{"fetch.batch": 500}`` or ``["fetch.batch=500"]`` → ``["fetch.batch=500"]``."""
-    if overrides is None:
-        return []
-    if isinstance(overrides, Mapping):
-        return [f"{key}={_yaml_text(value)}" for key, value in overrides.items()]
-    if isinstance(overrides, str):
-        return [overrides]
-    return [str(item) for item in overrides]
 
 
 def default_spark_binary() -> str:
@@ -311,7 +291,7 @@ class JetStreamToDeltaOperator(BaseOperator):
         config_path = os.path.abspath(self.config_path)
         # The job would refuse a bad config too, but only after Spark started: check it here
         # with exactly the environment the job will see.
-        config = self._load_config(config_path, overrides, {**os.environ, **job_env, **user_env})
+        config = load_job_config(config_path, overrides, {**os.environ, **job_env, **user_env})
         application = self._application()
         report_dir = tempfile.mkdtemp(prefix="js-etl-report-")
         report_file = os.path.join(report_dir, "report.json")
@@ -424,13 +404,6 @@ class JetStreamToDeltaOperator(BaseOperator):
             self._hook.on_kill()
 
     # -- helpers -------------------------------------------------------------------------------
-    @staticmethod
-    def _load_config(path: str, overrides: list[str], environ: Mapping[str, str]) -> JobConfig:
-        try:
-            return load_config(path, overrides, environ=environ)
-        except JsEtlError as e:
-            raise AirflowFailException(f"js-etl: {type(e).__name__}: {e}") from None
-
     def _application(self) -> str:
         application = self.application or str(JOBS_DIR / JOB_SCRIPTS[self.job])
         if not Path(application).is_file():
