@@ -35,7 +35,7 @@ from airflow.sdk.exceptions import (
 )
 
 import js_etl.jobs
-from js_etl.airflow.assets import table_alias, target_asset
+from js_etl.airflow.assets import target_asset, task_alias
 from js_etl.airflow.hooks import JetStreamHook
 from js_etl.airflow.job_config import load_job_config, override_list
 from js_etl.config import JobConfig, load_config
@@ -115,19 +115,6 @@ class _JobSubmitHook(SparkSubmitHook):
             yield raw
 
 
-def _is_dynamic(value: Any) -> bool:
-    """True for values only known at run time: Jinja templates, XComArgs and the like."""
-    if value is None or isinstance(value, bool | int | float | os.PathLike):
-        return False
-    if isinstance(value, str):
-        return "{{" in value or "{%" in value
-    if isinstance(value, Mapping):
-        return any(_is_dynamic(k) or _is_dynamic(v) for k, v in value.items())
-    if isinstance(value, list | tuple):
-        return any(_is_dynamic(v) for v in value)
-    return True
-
-
 def default_spark_binary() -> str:
     """The ``spark-submit`` next to the running interpreter (pyspark's, in the venv), else the
     one on PATH."""
@@ -182,13 +169,14 @@ class JetStreamToDeltaOperator(BaseOperator):
         ``executor_memory``, ``py_files``, ``deploy_mode`` …). The report file and the NATS
         environment need client deploy mode (the default); cluster mode fails the task.
 
-    The Delta table is the task's outlet: unless ``outlets`` is given, an ``AssetAlias`` named
-    after the config's ``target`` (:func:`~js_etl.airflow.assets.table_alias`), derived when
-    ``config_path`` and ``overrides`` hold no templates. Give ``outlets=[AssetAlias("...")]``
-    when the target is templated. The table actually written is attached to every alias outlet
-    at run time, with a summary of the run as the event's ``extra`` — only when the run wrote
-    messages, unless ``emit_empty_asset_event=True``. A static ``Asset`` outlet gets an event on
-    every success (Airflow records one per static outlet; the operator cannot skip it).
+    The Delta table is the task's outlet. The config is read when the task runs, never when the
+    DAG is parsed, so unless ``outlets`` is given the outlet is an ``AssetAlias`` named after the
+    task, ``js_etl:<dag_id>.<task_id>`` (:func:`~js_etl.airflow.assets.task_alias`; an operator
+    created outside a DAG and added to one later gets none: pass ``outlets=``). The table
+    actually written is attached to every alias outlet at run time, with a summary of the run as
+    the event's ``extra`` — only when the run wrote messages, unless
+    ``emit_empty_asset_event=True``. A static ``Asset`` outlet gets an event on every success
+    (Airflow records one per static outlet; the operator cannot skip it).
 
     :param spark_log_level: Spark's log level in the job (``spark.log.level``): default
         ``"WARN"``, so the task log shows the job's own lines, not Spark's INFO chatter;
@@ -251,9 +239,12 @@ class JetStreamToDeltaOperator(BaseOperator):
         if job not in JOB_SCRIPTS:
             raise ValueError(f"job must be one of {', '.join(map(repr, get_args(Job)))}, "
                              f"got {job!r}")
-        if "outlets" not in kwargs:
-            kwargs["outlets"] = _static_outlets(config_path, overrides)
+        default_outlet = "outlets" not in kwargs  # default_args may hold outlets too
         super().__init__(**kwargs)
+        if default_outlet and self.has_dag():
+            # Named after the task, not the table: the table is only known once the config is
+            # read, at run time, when it is attached to this alias.
+            self.add_outlets([task_alias(self.dag_id, self.task_id)])
         self.config_path = os.fspath(config_path)
         self.overrides = overrides
         self.job = job
@@ -467,18 +458,6 @@ def _lineage_option(value: bool | None, option: str) -> bool:
     from airflow.providers.common.compat.sdk import conf
 
     return conf.getboolean("openlineage", option, fallback=False)
-
-
-def _static_outlets(config_path: Any, overrides: Any) -> list[AssetAlias]:
-    """The target table's alias when the table is known at parse time (no templates)."""
-    if _is_dynamic(config_path) or _is_dynamic(overrides):
-        return []
-    try:
-        config = load_config(config_path, override_list(overrides))
-    except JsEtlError as e:
-        raise ValueError(f"{os.fspath(config_path)}: {e} (pass outlets=... to skip deriving "
-                         "the Delta table's asset from the config)") from None
-    return [table_alias(target_asset(config.target))]
 
 
 def _read_report(report_file: str, report_line: str | None) -> dict[str, Any]:

@@ -54,11 +54,10 @@ def test_example_dags_are_shaped_as_documented():
     from airflow.sdk import AssetAlias
 
     from js_etl.airflow import JetStreamBacklogSensor, JetStreamToDeltaOperator
-    from js_etl.airflow.assets import table_alias, target_asset
+    from js_etl.airflow.assets import task_alias
 
     bag = DagBag(dag_folder=DAGS)
     example = load_config(REPO / "conf" / "example.yaml")
-    example_table = table_alias(target_asset(example.target))
 
     scheduled = bag.dags["js_etl_drain_to_delta"]
     assert (scheduled.max_active_runs, scheduled.catchup) == (1, False)
@@ -66,14 +65,17 @@ def test_example_dags_are_shaped_as_documented():
     drain = scheduled.get_task("drain")
     assert isinstance(drain, JetStreamToDeltaOperator)
     assert drain.retries == 3 and drain.retry_delay.total_seconds() == 120
-    assert drain.outlets == [example_table]
+    # The table is attached to the task's alias at run time, once the config is read.
+    assert drain.outlets == [task_alias("js_etl_drain_to_delta", "drain")]
+    assert drain.outlets == [AssetAlias("js_etl:js_etl_drain_to_delta.drain")]
     assert drain.config_path == str(REPO / "conf" / "example.yaml")
 
     backlog = bag.dags["js_etl_backlog_drain"]
     wait, then = backlog.get_task("wait_for_backlog"), backlog.get_task("drain")
     assert isinstance(wait, JetStreamBacklogSensor) and wait.deferrable
     assert (wait.stream, wait.consumer) == (example.source.stream, example.source.consumer)
-    assert wait.downstream_task_ids == {"drain"} and then.outlets == [example_table]
+    assert wait.downstream_task_ids == {"drain"}
+    assert then.outlets == [task_alias("js_etl_backlog_drain", "drain")]
 
     backfill = bag.dags["js_etl_backfill_to_delta"]
     assert backfill.schedule is None
@@ -91,7 +93,7 @@ def test_the_event_driven_example_is_scheduled_by_a_nats_asset_watcher():
     from airflow.serialization.serialized_objects import DagSerialization
 
     from js_etl.airflow import JetStreamToDeltaOperator
-    from js_etl.airflow.assets import table_alias, target_asset
+    from js_etl.airflow.assets import task_alias
 
     example = load_config(REPO / "conf" / "example.yaml")
     bag = DagBag(dag_folder=DAGS / "drain_on_backlog_event.py")
@@ -99,7 +101,7 @@ def test_the_event_driven_example_is_scheduled_by_a_nats_asset_watcher():
     dag = bag.dags["js_etl_drain_on_backlog_event"]
     drain = dag.get_task("drain")
     assert isinstance(drain, JetStreamToDeltaOperator)
-    assert drain.outlets == [table_alias(target_asset(example.target))]
+    assert drain.outlets == [task_alias("js_etl_drain_on_backlog_event", "drain")]
 
     # What the DAG processor stores, and the triggerer reads back.
     timetable = DagSerialization.to_dict(dag)["dag"]["timetable"]["__var"]

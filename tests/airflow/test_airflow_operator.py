@@ -43,32 +43,39 @@ def write_config(tmp_path: Path, names, table: Path) -> Path:
     return config
 
 
-def test_operator_checks_its_modes_and_derives_the_table_asset(tmp_path, names):
-    from airflow.sdk import AssetAlias
+def test_operator_checks_its_modes_and_names_its_outlet_without_reading_the_config(tmp_path):
+    from datetime import UTC, datetime
 
-    from js_etl.airflow import JetStreamToDeltaOperator, delta_asset
-    from js_etl.airflow.assets import table_alias
+    from airflow.sdk import DAG, AssetAlias, TaskGroup
 
-    config = write_config(tmp_path, names, tmp_path / "table")
+    from js_etl.airflow import JetStreamToDeltaOperator
+    from js_etl.airflow.assets import task_alias
+
+    # Built as a DAG file builds it: no file is read, so one that does not exist will do.
+    config = tmp_path / "not-there.yaml"
     with pytest.raises(ValueError, match="job must be one of 'drain', 'backfill', got 'drian'"):
         JetStreamToDeltaOperator(task_id="t", config_path=config, job="drian")
 
-    op = JetStreamToDeltaOperator(task_id="t", config_path=config)
-    # An alias named after the table: the run decides whether the table gets an event.
-    assert op.outlets == [AssetAlias(f"js_etl:file://{tmp_path / 'table'}")]
-    assert op.outlets == [table_alias(delta_asset(tmp_path / "table"))]
-    moved = JetStreamToDeltaOperator(task_id="t", config_path=config,
-                                     overrides={"target.path": str(tmp_path / "other")})
-    assert moved.outlets == [table_alias(delta_asset(tmp_path / "other"))]
-    templated = JetStreamToDeltaOperator(task_id="t", config_path=config,
-                                         overrides={"target.path": "{{ params.target }}"})
-    assert templated.outlets == []  # only known at run time: use an AssetAlias
-    alias = JetStreamToDeltaOperator(task_id="t", config_path=config,
-                                     overrides=["target.path={{ params.target }}"],
-                                     outlets=[AssetAlias("tables")])
-    assert alias.outlets == [AssetAlias("tables")]
-    with pytest.raises(ValueError, match="fetch.batch"):
-        JetStreamToDeltaOperator(task_id="t", config_path=config, overrides={"fetch.batch": -3})
+    with DAG("orders", schedule=None, start_date=datetime(2026, 1, 1, tzinfo=UTC)):
+        op = JetStreamToDeltaOperator(task_id="t", config_path=config)
+        # Invalid, but that is for the run to find (before Spark starts, without retries).
+        bad = JetStreamToDeltaOperator(task_id="bad", config_path=config,
+                                       overrides={"fetch.batch": -3})
+        templated = JetStreamToDeltaOperator(task_id="templated",
+                                             config_path="{{ params.dir }}/job.yaml",
+                                             overrides={"target.path": "{{ params.target }}"})
+        given = JetStreamToDeltaOperator(task_id="given", config_path=config,
+                                         outlets=[AssetAlias("tables")])
+        with TaskGroup("lake"):
+            grouped = JetStreamToDeltaOperator(task_id="t", config_path=config)
+    # An alias named after the task: the run attaches the table it wrote, when it wrote any.
+    assert op.outlets == [AssetAlias("js_etl:orders.t")] == [task_alias("orders", "t")]
+    assert bad.outlets == [task_alias("orders", "bad")]
+    assert templated.outlets == [task_alias("orders", "templated")]
+    assert grouped.outlets == [task_alias("orders", "lake.t")]
+    assert given.outlets == [AssetAlias("tables")]
+    # Outside a DAG there is no task to name an alias after (pass outlets= to such a task).
+    assert JetStreamToDeltaOperator(task_id="t", config_path=config).outlets == []
 
 
 def test_every_per_run_argument_is_templated(tmp_path, names):
