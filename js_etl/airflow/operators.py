@@ -38,7 +38,7 @@ import js_etl.jobs
 from js_etl.airflow.assets import target_asset, task_alias
 from js_etl.airflow.hooks import JetStreamHook
 from js_etl.airflow.job_config import load_job_config, override_list
-from js_etl.config import JobConfig, load_config
+from js_etl.config import JobConfig
 from js_etl.errors import JsEtlError
 from js_etl.report import summary_table
 
@@ -269,6 +269,7 @@ class JetStreamToDeltaOperator(BaseOperator):
                              f"or None (Spark's own logging), got {spark_log_level!r}")
         self.spark_log_level = spark_log_level
         self._hook: _JobSubmitHook | None = None
+        self._config: JobConfig | None = None  # the run's config, loaded by execute
         self._report: dict[str, Any] | None = None
 
     # -- execute --------------------------------------------------------------------------------
@@ -281,8 +282,10 @@ class JetStreamToDeltaOperator(BaseOperator):
             raise AirflowFailException(str(e)) from None
         config_path = os.path.abspath(self.config_path)
         # The job would refuse a bad config too, but only after Spark started: check it here
-        # with exactly the environment the job will see.
+        # with exactly the environment the job will see. The one read of the task: asset events
+        # and lineage use this same config.
         config = load_job_config(config_path, overrides, {**os.environ, **job_env, **user_env})
+        self._config = config
         application = self._application()
         report_dir = tempfile.mkdtemp(prefix="js-etl-report-")
         report_file = os.path.join(report_dir, "report.json")
@@ -346,20 +349,17 @@ class JetStreamToDeltaOperator(BaseOperator):
         return conf
 
     # -- OpenLineage (called by the OpenLineage provider's listener when it is installed) -------
-    def get_openlineage_facets_on_start(self) -> Any:
-        return self._lineage(None)
-
+    # Only on completion (and on failure, which falls back to this): the datasets are in the
+    # config, which execute reads. No get_openlineage_facets_on_start: the listener asks for it
+    # before execute, in a forked process, where it could only read the config a second time.
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
-        return self._lineage(self._report)
-
-    def _lineage(self, report: Mapping[str, Any] | None) -> Any:
+        if self._config is None:
+            # The task failed before execute loaded the config (a bad connection, a bad config):
+            # no datasets, rather than a read of a config this run never used.
+            return None
         from js_etl.airflow.lineage import operator_lineage
 
-        job_env = JetStreamHook(self.nats_conn_id).job_environment()
-        config = load_config(os.path.abspath(self.config_path), override_list(self.overrides),
-                             environ={**os.environ, **job_env,
-                                      **{str(k): str(v) for k, v in (self.env_vars or {}).items()}})
-        return operator_lineage(config, config.nats.servers, report)
+        return operator_lineage(self._config, self._config.nats.servers, self._report)
 
     def _submit_hook(self, args: list[str], job_env: Mapping[str, str],
                      user_env: Mapping[str, str], *, name: str,
