@@ -15,12 +15,10 @@ from pathlib import Path
 from airflow.sdk import DAG
 
 from js_etl.airflow import JetStreamBacklogSensor, JetStreamToDeltaOperator
-from js_etl.config import load_config
 
 CONFIG = os.environ.get(
     "JS_ETL_DAG_CONFIG", str(Path(__file__).resolve().parents[1] / "conf" / "example.yaml")
 )
-SOURCE = load_config(CONFIG).source  # wait on the very consumer the drain reads
 
 # [START howto_sensor_jetstream_backlog]
 with DAG(
@@ -36,8 +34,7 @@ with DAG(
 ):
     wait = JetStreamBacklogSensor(
         task_id="wait_for_backlog",
-        stream=SOURCE.stream,
-        consumer=SOURCE.consumer,
+        config_path=CONFIG,  # the very consumer the drain reads: read when the task runs
         min_pending=500,
         poll_interval=60,
         timeout=timedelta(hours=24),

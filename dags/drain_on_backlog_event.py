@@ -4,6 +4,10 @@ backlog crosses `min_pending` (Airflow's common.messaging `MessageQueueTrigger`,
 Unlike js_etl_backlog_drain (a `@continuous` DAG whose sensor holds a run open while it waits),
 no DAG run exists until there is work. The watcher fires once per crossing: after a drain has
 brought the backlog below `min_pending`, the next crossing starts the next run.
+
+The watcher is built when the DAG is parsed, which reads no config: it names the consumer itself,
+`JS_ETL_DAG_STREAM` and `JS_ETL_DAG_CONSUMER` (default: those of `conf/example.yaml`). Set them
+to the `source.stream` and `source.consumer` of the drain's config.
 """
 
 from __future__ import annotations
@@ -16,24 +20,24 @@ from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTr
 from airflow.sdk import DAG, Asset, AssetWatcher
 
 from js_etl.airflow import JetStreamToDeltaOperator
-from js_etl.config import load_config
 
 CONFIG = os.environ.get(
     "JS_ETL_DAG_CONFIG", str(Path(__file__).resolve().parents[1] / "conf" / "example.yaml")
 )
-SOURCE = load_config(CONFIG).source  # watch the very consumer the drain reads
+STREAM = os.environ.get("JS_ETL_DAG_STREAM", "ORDERS")
+CONSUMER = os.environ.get("JS_ETL_DAG_CONSUMER", "orders_to_delta")
 
 # [START howto_asset_watcher_nats]
 backlog = Asset(
-    name=f"nats_backlog_{SOURCE.stream}_{SOURCE.consumer}",
+    name=f"nats_backlog_{STREAM}_{CONSUMER}",
     watchers=[
         AssetWatcher(
             name="backlog_reached",
             trigger=MessageQueueTrigger(
                 scheme="nats",
                 nats_conn_id="nats_default",
-                stream=SOURCE.stream,
-                consumer=SOURCE.consumer,
+                stream=STREAM,
+                consumer=CONSUMER,
                 min_pending=500,
                 poll_interval=30,
             ),

@@ -1,7 +1,8 @@
 """The Delta table as an Airflow ``Asset``, so downstream DAGs can schedule on a drain.
 
-The same helper names the asset on both sides: the operator's outlet and a consumer DAG's
-``schedule=[delta_asset(...)]`` build identical ``Asset`` objects from the same location.
+The same helper names the asset on both sides: the table the operator attaches to its alias
+outlet at run time and a consumer DAG's ``schedule=[delta_asset(...)]`` are identical ``Asset``
+objects built from the same location.
 
 * a path (``/lake/orders``, ``lake/orders``, ``file:///lake/orders``) → ``file:///abs/path``
 * a storage URI (``s3a://``, ``s3://``, ``abfss://``, ``gs://``, ``hdfs://`` …) → kept as is
@@ -61,17 +62,18 @@ def delta_asset(path: str | os.PathLike[str] | None = None, *, table: str | None
 ALIAS_PREFIX = "js_etl:"
 
 
-def table_alias(asset: Asset) -> AssetAlias:
-    """The operator's default outlet for a table: an ``AssetAlias`` named after it.
+def task_alias(dag_id: str, task_id: str) -> AssetAlias:
+    """The operator's default outlet: an ``AssetAlias`` named after the task.
 
     Through an alias the task decides at run time whether the table gets an asset event (a
-    drain that wrote nothing emits none); a static ``Asset`` outlet gets one on every success.
-    Downstream DAGs still schedule on the table itself, ``schedule=[delta_asset(...)]``.
+    drain that wrote nothing emits none), and which table it is: the config naming it is read
+    when the task runs, not when the DAG is parsed. Downstream DAGs still schedule on the table
+    itself, ``schedule=[delta_asset(...)]``.
 
-    >>> table_alias(delta_asset("/data/lake/orders")).name
-    'js_etl:file:///data/lake/orders'
+    >>> task_alias("orders_hourly", "drain").name
+    'js_etl:orders_hourly.drain'
     """
-    return AssetAlias(name=f"{ALIAS_PREFIX}{asset.uri}")
+    return AssetAlias(name=f"{ALIAS_PREFIX}{dag_id}.{task_id}")
 
 
 def target_asset(target: TargetConfig) -> Asset:

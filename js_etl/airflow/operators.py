@@ -35,9 +35,10 @@ from airflow.sdk.exceptions import (
 )
 
 import js_etl.jobs
-from js_etl.airflow.assets import table_alias, target_asset
+from js_etl.airflow.assets import target_asset, task_alias
 from js_etl.airflow.hooks import JetStreamHook
-from js_etl.config import JobConfig, load_config
+from js_etl.airflow.job_config import load_job_config, override_list
+from js_etl.config import JobConfig
 from js_etl.errors import JsEtlError
 from js_etl.report import summary_table
 
@@ -114,40 +115,6 @@ class _JobSubmitHook(SparkSubmitHook):
             yield raw
 
 
-def _is_dynamic(value: Any) -> bool:
-    """True for values only known at run time: Jinja templates, XComArgs and the like."""
-    if value is None or isinstance(value, bool | int | float | os.PathLike):
-        return False
-    if isinstance(value, str):
-        return "{{" in value or "{%" in value
-    if isinstance(value, Mapping):
-        return any(_is_dynamic(k) or _is_dynamic(v) for k, v in value.items())
-    if isinstance(value, list | tuple):
-        return any(_is_dynamic(v) for v in value)
-    return True
-
-
-def _yaml_text(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_yaml_text(v) for v in value) + "]"
-    return str(value)
-
-
-def override_list(overrides: Mapping[str, Any] | Sequence[str] | None) -> list[str]:
-    """``{"fetch.batch": 500}`` or ``["fetch.batch=500"]`` → ``["fetch.batch=500"]``."""
-    if overrides is None:
-        return []
-    if isinstance(overrides, Mapping):
-        return [f"{key}={_yaml_text(value)}" for key, value in overrides.items()]
-    if isinstance(overrides, str):
-        return [overrides]
-    return [str(item) for item in overrides]
-
-
 def default_spark_binary() -> str:
     """The ``spark-submit`` next to the running interpreter (pyspark's, in the venv), else the
     one on PATH."""
@@ -202,13 +169,14 @@ class JetStreamToDeltaOperator(BaseOperator):
         ``executor_memory``, ``py_files``, ``deploy_mode`` …). The report file and the NATS
         environment need client deploy mode (the default); cluster mode fails the task.
 
-    The Delta table is the task's outlet: unless ``outlets`` is given, an ``AssetAlias`` named
-    after the config's ``target`` (:func:`~js_etl.airflow.assets.table_alias`), derived when
-    ``config_path`` and ``overrides`` hold no templates. Give ``outlets=[AssetAlias("...")]``
-    when the target is templated. The table actually written is attached to every alias outlet
-    at run time, with a summary of the run as the event's ``extra`` — only when the run wrote
-    messages, unless ``emit_empty_asset_event=True``. A static ``Asset`` outlet gets an event on
-    every success (Airflow records one per static outlet; the operator cannot skip it).
+    The Delta table is the task's outlet. The config is read when the task runs, never when the
+    DAG is parsed, so unless ``outlets`` is given the outlet is an ``AssetAlias`` named after the
+    task, ``js_etl:<dag_id>.<task_id>`` (:func:`~js_etl.airflow.assets.task_alias`; an operator
+    created outside a DAG and added to one later gets none: pass ``outlets=``). The table
+    actually written is attached to every alias outlet at run time, with a summary of the run as
+    the event's ``extra`` — only when the run wrote messages, unless
+    ``emit_empty_asset_event=True``. A static ``Asset`` outlet gets an event on every success
+    (Airflow records one per static outlet; the operator cannot skip it).
 
     :param spark_log_level: Spark's log level in the job (``spark.log.level``): default
         ``"WARN"``, so the task log shows the job's own lines, not Spark's INFO chatter;
@@ -271,9 +239,12 @@ class JetStreamToDeltaOperator(BaseOperator):
         if job not in JOB_SCRIPTS:
             raise ValueError(f"job must be one of {', '.join(map(repr, get_args(Job)))}, "
                              f"got {job!r}")
-        if "outlets" not in kwargs:
-            kwargs["outlets"] = _static_outlets(config_path, overrides)
+        default_outlet = "outlets" not in kwargs  # default_args may hold outlets too
         super().__init__(**kwargs)
+        if default_outlet and self.has_dag():
+            # Named after the task, not the table: the table is only known once the config is
+            # read, at run time, when it is attached to this alias.
+            self.add_outlets([task_alias(self.dag_id, self.task_id)])
         self.config_path = os.fspath(config_path)
         self.overrides = overrides
         self.job = job
@@ -298,6 +269,7 @@ class JetStreamToDeltaOperator(BaseOperator):
                              f"or None (Spark's own logging), got {spark_log_level!r}")
         self.spark_log_level = spark_log_level
         self._hook: _JobSubmitHook | None = None
+        self._config: JobConfig | None = None  # the run's config, loaded by execute
         self._report: dict[str, Any] | None = None
 
     # -- execute --------------------------------------------------------------------------------
@@ -310,8 +282,10 @@ class JetStreamToDeltaOperator(BaseOperator):
             raise AirflowFailException(str(e)) from None
         config_path = os.path.abspath(self.config_path)
         # The job would refuse a bad config too, but only after Spark started: check it here
-        # with exactly the environment the job will see.
-        config = self._load_config(config_path, overrides, {**os.environ, **job_env, **user_env})
+        # with exactly the environment the job will see. The one read of the task: asset events
+        # and lineage use this same config.
+        config = load_job_config(config_path, overrides, {**os.environ, **job_env, **user_env})
+        self._config = config
         application = self._application()
         report_dir = tempfile.mkdtemp(prefix="js-etl-report-")
         report_file = os.path.join(report_dir, "report.json")
@@ -375,20 +349,17 @@ class JetStreamToDeltaOperator(BaseOperator):
         return conf
 
     # -- OpenLineage (called by the OpenLineage provider's listener when it is installed) -------
-    def get_openlineage_facets_on_start(self) -> Any:
-        return self._lineage(None)
-
+    # Only on completion (and on failure, which falls back to this): the datasets are in the
+    # config, which execute reads. No get_openlineage_facets_on_start: the listener asks for it
+    # before execute, in a forked process, where it could only read the config a second time.
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
-        return self._lineage(self._report)
-
-    def _lineage(self, report: Mapping[str, Any] | None) -> Any:
+        if self._config is None:
+            # The task failed before execute loaded the config (a bad connection, a bad config):
+            # no datasets, rather than a read of a config this run never used.
+            return None
         from js_etl.airflow.lineage import operator_lineage
 
-        job_env = JetStreamHook(self.nats_conn_id).job_environment()
-        config = load_config(os.path.abspath(self.config_path), override_list(self.overrides),
-                             environ={**os.environ, **job_env,
-                                      **{str(k): str(v) for k, v in (self.env_vars or {}).items()}})
-        return operator_lineage(config, config.nats.servers, report)
+        return operator_lineage(self._config, self._config.nats.servers, self._report)
 
     def _submit_hook(self, args: list[str], job_env: Mapping[str, str],
                      user_env: Mapping[str, str], *, name: str,
@@ -424,13 +395,6 @@ class JetStreamToDeltaOperator(BaseOperator):
             self._hook.on_kill()
 
     # -- helpers -------------------------------------------------------------------------------
-    @staticmethod
-    def _load_config(path: str, overrides: list[str], environ: Mapping[str, str]) -> JobConfig:
-        try:
-            return load_config(path, overrides, environ=environ)
-        except JsEtlError as e:
-            raise AirflowFailException(f"js-etl: {type(e).__name__}: {e}") from None
-
     def _application(self) -> str:
         application = self.application or str(JOBS_DIR / JOB_SCRIPTS[self.job])
         if not Path(application).is_file():
@@ -494,18 +458,6 @@ def _lineage_option(value: bool | None, option: str) -> bool:
     from airflow.providers.common.compat.sdk import conf
 
     return conf.getboolean("openlineage", option, fallback=False)
-
-
-def _static_outlets(config_path: Any, overrides: Any) -> list[AssetAlias]:
-    """The target table's alias when the table is known at parse time (no templates)."""
-    if _is_dynamic(config_path) or _is_dynamic(overrides):
-        return []
-    try:
-        config = load_config(config_path, override_list(overrides))
-    except JsEtlError as e:
-        raise ValueError(f"{os.fspath(config_path)}: {e} (pass outlets=... to skip deriving "
-                         "the Delta table's asset from the config)") from None
-    return [table_alias(target_asset(config.target))]
 
 
 def _read_report(report_file: str, report_line: str | None) -> dict[str, Any]:

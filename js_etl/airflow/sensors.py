@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -10,7 +11,9 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from js_etl.airflow.hooks import JetStreamHook
+from js_etl.airflow.job_config import load_job_config, override_list
 from js_etl.airflow.triggers import ERROR, SUCCESS, JetStreamBacklogTrigger, error_payload
+from js_etl.errors import JsEtlError
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -33,8 +36,16 @@ class JetStreamBacklogSensor(BaseSensorOperator):
     as configured). Note that Airflow's ``soft_fail=True`` turns *every* failure of a sensor,
     errors included, into a skip; prefer a ``timeout`` and let errors fail.
 
+    The consumer is named by ``stream`` and ``consumer``, or by ``config_path``: the drain's job
+    config, whose ``source.stream`` and ``source.consumer`` it waits on. The config is read when
+    the task runs (with the ``nats`` connection's settings, as the drain reads it), never when
+    the DAG is parsed; one that cannot be read or is invalid fails the task without retries.
+
     :param stream: stream name (templated).
     :param consumer: durable consumer name (templated).
+    :param config_path: instead of ``stream`` and ``consumer``: the job's YAML config (templated).
+    :param overrides: with ``config_path``: the drain's config overrides, a dict or a list of
+        ``"key=value"`` as the operator takes them (templated).
     :param min_pending: backlog that ends the wait, >= 1 (default 1: any message; templated).
     :param poll_interval: seconds between checks (also the sensor's ``poke_interval``).
     :param nats_conn_id: the ``nats`` connection.
@@ -45,15 +56,29 @@ class JetStreamBacklogSensor(BaseSensorOperator):
                                       consumer="orders_to_delta", min_pending=1000,
                                       poll_interval=30, timeout=6 * 3600)
         wait >> JetStreamToDeltaOperator(task_id="drain", config_path=...)
+
+        # or: the consumer the drain reads, from its config
+        JetStreamBacklogSensor(task_id="wait", config_path="/opt/etl/conf/orders.yaml")
     """
 
-    template_fields: Sequence[str] = ("stream", "consumer", "min_pending")
+    template_fields: Sequence[str] = ("stream", "consumer", "min_pending", "config_path",
+                                      "overrides")
     ui_color = "#e8f1d4"
 
-    def __init__(self, *, stream: str, consumer: str, min_pending: int | str = 1,
-                 poll_interval: float | timedelta = 5.0,
+    def __init__(self, *, stream: str | None = None, consumer: str | None = None,
+                 config_path: str | os.PathLike[str] | None = None,
+                 overrides: Mapping[str, Any] | Sequence[str] | None = None,
+                 min_pending: int | str = 1, poll_interval: float | timedelta = 5.0,
                  nats_conn_id: str = JetStreamHook.default_conn_name, deferrable: bool = True,
                  **kwargs: Any) -> None:
+        if config_path is None and (stream is None or consumer is None):
+            raise ValueError("JetStreamBacklogSensor needs stream= and consumer=, or "
+                             "config_path= (the job config whose source it waits on)")
+        if config_path is not None and (stream is not None or consumer is not None):
+            raise ValueError("JetStreamBacklogSensor takes stream= and consumer=, or "
+                             "config_path=, not both")
+        if overrides is not None and config_path is None:
+            raise ValueError("JetStreamBacklogSensor: overrides= applies to config_path= only")
         if isinstance(poll_interval, timedelta):
             poll_interval = poll_interval.total_seconds()
         if isinstance(poll_interval, bool) or not poll_interval > 0:
@@ -63,6 +88,8 @@ class JetStreamBacklogSensor(BaseSensorOperator):
         super().__init__(**kwargs)
         self.stream = stream
         self.consumer = consumer
+        self.config_path = None if config_path is None else os.fspath(config_path)
+        self.overrides = overrides
         self.min_pending = min_pending
         if isinstance(min_pending, int):
             self._threshold()  # refuse a bad literal at parse time; templates are checked later
@@ -81,12 +108,26 @@ class JetStreamBacklogSensor(BaseSensorOperator):
                              f"got {value!r}")
         return threshold
 
+    def _names(self) -> tuple[str, str]:
+        """(stream, consumer): as given, or the config's ``source``, read once per run of the
+        task (kept in ``stream`` and ``consumer``)."""
+        if self.stream is None or self.consumer is None:
+            try:
+                job_env = JetStreamHook(self.nats_conn_id).job_environment()
+            except JsEtlError as e:  # no retry can fix the connection (missing ones included)
+                raise AirflowFailException(str(e)) from None
+            source = load_job_config(os.path.abspath(str(self.config_path)),
+                                     override_list(self.overrides),
+                                     {**os.environ, **job_env}).source
+            self.stream, self.consumer = source.stream, source.consumer
+        return self.stream, self.consumer
+
     def _pending(self) -> int:
+        stream, consumer = self._names()
         try:
-            return JetStreamHook(self.nats_conn_id).consumer_info(self.stream,
-                                                                  self.consumer).num_pending
+            return JetStreamHook(self.nats_conn_id).consumer_info(stream, consumer).num_pending
         except Exception as e:
-            raise _fail(error_payload(e, stream=self.stream, consumer=self.consumer)) from e
+            raise _fail(error_payload(e, stream=stream, consumer=consumer)) from e
 
     def poke(self, context: Context) -> PokeReturnValue:
         pending = self._pending()
@@ -106,17 +147,20 @@ class JetStreamBacklogSensor(BaseSensorOperator):
             return pending
         self.log.info("%s/%s: %d pending, deferring until %d", self.stream, self.consumer,
                       pending, threshold)
+        stream, consumer = self._names()
         self.defer(
             trigger=JetStreamBacklogTrigger(
-                nats_conn_id=self.nats_conn_id, stream=self.stream, consumer=self.consumer,
+                nats_conn_id=self.nats_conn_id, stream=stream, consumer=consumer,
                 min_pending=threshold, poll_interval=self.poll_interval),
             method_name="execute_complete",
             timeout=timedelta(seconds=self.timeout),
         )
 
     def execute_complete(self, context: Context, event: Mapping[str, Any]) -> int:
+        # A new instance of the task, which has not read a config: the names are the event's.
         if event.get("status") == SUCCESS:
-            self.log.info("%s/%s: %d pending", self.stream, self.consumer, event["num_pending"])
+            self.log.info("%s/%s: %d pending", event["stream"], event["consumer"],
+                          event["num_pending"])
             return int(event["num_pending"])
         if event.get("status") == ERROR:
             raise _fail(event)

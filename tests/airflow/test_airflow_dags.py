@@ -1,5 +1,5 @@
 """The example DAGs in dags/: they parse on Airflow 3.3 with no import error and no deprecation
-warning, and they are shaped as documented."""
+warning, without reading a job config, and they are shaped as documented."""
 
 from __future__ import annotations
 
@@ -37,14 +37,43 @@ _PARSE = textwrap.dedent("""
 """)
 
 
-def test_example_dags_import_cleanly_without_deprecation_warnings():
-    result = subprocess.run([sys.executable, "-c", _PARSE, str(DAGS)], check=False,
-                            capture_output=True, text=True, timeout=120, env=os.environ.copy())
+# The same parse with every way to read a job config refusing: a DAG file that read one would
+# show as an import error.
+_PARSE_WITHOUT_CONFIG_READS = textwrap.dedent("""
+    import js_etl.config, js_etl.config.load
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError(f"load_config{args!r} while parsing DAG files")
+
+    js_etl.config.load_config = js_etl.config.load.load_config = refuse
+""") + _PARSE
+
+
+def _parse_in_a_fresh_interpreter(script: str, **environ: str) -> dict:
+    result = subprocess.run([sys.executable, "-c", script, str(DAGS)], check=False,
+                            capture_output=True, text=True, timeout=120,
+                            env={**os.environ, **environ})
     assert result.returncode == 0, result.stderr[-3000:]
-    parsed = json.loads(result.stdout.strip().splitlines()[-1])
+    return dict(json.loads(result.stdout.strip().splitlines()[-1]))
+
+
+def test_example_dags_import_cleanly_without_deprecation_warnings():
+    parsed = _parse_in_a_fresh_interpreter(_PARSE)
     assert parsed["import_errors"] == {}
     assert parsed["captured_warnings"] == {}
     assert parsed["warnings"] == []  # DeprecatedImportWarning is a FutureWarning
+    assert parsed["dag_ids"] == ["js_etl_backfill_to_delta", "js_etl_backlog_drain",
+                                 "js_etl_drain_on_backlog_event", "js_etl_drain_to_delta"]
+
+
+def test_example_dags_parse_without_reading_a_job_config(tmp_path):
+    """Parsing is no place for file I/O: the DAG processor parses every file again and again,
+    and need not see the configs. With the config missing and load_config refusing, all four
+    DAGs still import, naming the missing file as the config their tasks read when they run."""
+    missing = tmp_path / "not-there" / "job.yaml"
+    parsed = _parse_in_a_fresh_interpreter(_PARSE_WITHOUT_CONFIG_READS,
+                                           JS_ETL_DAG_CONFIG=str(missing))
+    assert parsed["import_errors"] == {}
     assert parsed["dag_ids"] == ["js_etl_backfill_to_delta", "js_etl_backlog_drain",
                                  "js_etl_drain_on_backlog_event", "js_etl_drain_to_delta"]
 
@@ -54,11 +83,10 @@ def test_example_dags_are_shaped_as_documented():
     from airflow.sdk import AssetAlias
 
     from js_etl.airflow import JetStreamBacklogSensor, JetStreamToDeltaOperator
-    from js_etl.airflow.assets import table_alias, target_asset
+    from js_etl.airflow.assets import task_alias
 
     bag = DagBag(dag_folder=DAGS)
-    example = load_config(REPO / "conf" / "example.yaml")
-    example_table = table_alias(target_asset(example.target))
+    example_config = str(REPO / "conf" / "example.yaml")
 
     scheduled = bag.dags["js_etl_drain_to_delta"]
     assert (scheduled.max_active_runs, scheduled.catchup) == (1, False)
@@ -66,14 +94,19 @@ def test_example_dags_are_shaped_as_documented():
     drain = scheduled.get_task("drain")
     assert isinstance(drain, JetStreamToDeltaOperator)
     assert drain.retries == 3 and drain.retry_delay.total_seconds() == 120
-    assert drain.outlets == [example_table]
-    assert drain.config_path == str(REPO / "conf" / "example.yaml")
+    # The table is attached to the task's alias at run time, once the config is read.
+    assert drain.outlets == [task_alias("js_etl_drain_to_delta", "drain")]
+    assert drain.outlets == [AssetAlias("js_etl:js_etl_drain_to_delta.drain")]
+    assert drain.config_path == example_config
 
     backlog = bag.dags["js_etl_backlog_drain"]
     wait, then = backlog.get_task("wait_for_backlog"), backlog.get_task("drain")
     assert isinstance(wait, JetStreamBacklogSensor) and wait.deferrable
-    assert (wait.stream, wait.consumer) == (example.source.stream, example.source.consumer)
-    assert wait.downstream_task_ids == {"drain"} and then.outlets == [example_table]
+    # It waits on the drain's own consumer: its config's source, read when the sensor runs.
+    assert (wait.config_path, then.config_path) == (example_config, example_config)
+    assert (wait.stream, wait.consumer) == (None, None)
+    assert wait.downstream_task_ids == {"drain"}
+    assert then.outlets == [task_alias("js_etl_backlog_drain", "drain")]
 
     backfill = bag.dags["js_etl_backfill_to_delta"]
     assert backfill.schedule is None
@@ -85,13 +118,14 @@ def test_example_dags_are_shaped_as_documented():
 
 
 def test_the_event_driven_example_is_scheduled_by_a_nats_asset_watcher():
-    """Parsed and serialised as the DAG processor does: the watcher's trigger is ours, with the
-    consumer of the drain's own config and only ids and numbers in its kwargs."""
+    """Parsed and serialised as the DAG processor does: the watcher's trigger is ours, by
+    default with the consumer of the example config the drain reads, and only ids and numbers
+    in its kwargs."""
     from airflow.dag_processing.dagbag import DagBag
     from airflow.serialization.serialized_objects import DagSerialization
 
     from js_etl.airflow import JetStreamToDeltaOperator
-    from js_etl.airflow.assets import table_alias, target_asset
+    from js_etl.airflow.assets import task_alias
 
     example = load_config(REPO / "conf" / "example.yaml")
     bag = DagBag(dag_folder=DAGS / "drain_on_backlog_event.py")
@@ -99,7 +133,8 @@ def test_the_event_driven_example_is_scheduled_by_a_nats_asset_watcher():
     dag = bag.dags["js_etl_drain_on_backlog_event"]
     drain = dag.get_task("drain")
     assert isinstance(drain, JetStreamToDeltaOperator)
-    assert drain.outlets == [table_alias(target_asset(example.target))]
+    assert drain.config_path == str(REPO / "conf" / "example.yaml")
+    assert drain.outlets == [task_alias("js_etl_drain_on_backlog_event", "drain")]
 
     # What the DAG processor stores, and the triggerer reads back.
     timetable = DagSerialization.to_dict(dag)["dag"]["timetable"]["__var"]

@@ -43,32 +43,39 @@ def write_config(tmp_path: Path, names, table: Path) -> Path:
     return config
 
 
-def test_operator_checks_its_modes_and_derives_the_table_asset(tmp_path, names):
-    from airflow.sdk import AssetAlias
+def test_operator_checks_its_modes_and_names_its_outlet_without_reading_the_config(tmp_path):
+    from datetime import UTC, datetime
 
-    from js_etl.airflow import JetStreamToDeltaOperator, delta_asset
-    from js_etl.airflow.assets import table_alias
+    from airflow.sdk import DAG, AssetAlias, TaskGroup
 
-    config = write_config(tmp_path, names, tmp_path / "table")
+    from js_etl.airflow import JetStreamToDeltaOperator
+    from js_etl.airflow.assets import task_alias
+
+    # Built as a DAG file builds it: no file is read, so one that does not exist will do.
+    config = tmp_path / "not-there.yaml"
     with pytest.raises(ValueError, match="job must be one of 'drain', 'backfill', got 'drian'"):
         JetStreamToDeltaOperator(task_id="t", config_path=config, job="drian")
 
-    op = JetStreamToDeltaOperator(task_id="t", config_path=config)
-    # An alias named after the table: the run decides whether the table gets an event.
-    assert op.outlets == [AssetAlias(f"js_etl:file://{tmp_path / 'table'}")]
-    assert op.outlets == [table_alias(delta_asset(tmp_path / "table"))]
-    moved = JetStreamToDeltaOperator(task_id="t", config_path=config,
-                                     overrides={"target.path": str(tmp_path / "other")})
-    assert moved.outlets == [table_alias(delta_asset(tmp_path / "other"))]
-    templated = JetStreamToDeltaOperator(task_id="t", config_path=config,
-                                         overrides={"target.path": "{{ params.target }}"})
-    assert templated.outlets == []  # only known at run time: use an AssetAlias
-    alias = JetStreamToDeltaOperator(task_id="t", config_path=config,
-                                     overrides=["target.path={{ params.target }}"],
-                                     outlets=[AssetAlias("tables")])
-    assert alias.outlets == [AssetAlias("tables")]
-    with pytest.raises(ValueError, match="fetch.batch"):
-        JetStreamToDeltaOperator(task_id="t", config_path=config, overrides={"fetch.batch": -3})
+    with DAG("orders", schedule=None, start_date=datetime(2026, 1, 1, tzinfo=UTC)):
+        op = JetStreamToDeltaOperator(task_id="t", config_path=config)
+        # Invalid, but that is for the run to find (before Spark starts, without retries).
+        bad = JetStreamToDeltaOperator(task_id="bad", config_path=config,
+                                       overrides={"fetch.batch": -3})
+        templated = JetStreamToDeltaOperator(task_id="templated",
+                                             config_path="{{ params.dir }}/job.yaml",
+                                             overrides={"target.path": "{{ params.target }}"})
+        given = JetStreamToDeltaOperator(task_id="given", config_path=config,
+                                         outlets=[AssetAlias("tables")])
+        with TaskGroup("lake"):
+            grouped = JetStreamToDeltaOperator(task_id="t", config_path=config)
+    # An alias named after the task: the run attaches the table it wrote, when it wrote any.
+    assert op.outlets == [AssetAlias("js_etl:orders.t")] == [task_alias("orders", "t")]
+    assert bad.outlets == [task_alias("orders", "bad")]
+    assert templated.outlets == [task_alias("orders", "templated")]
+    assert grouped.outlets == [task_alias("orders", "lake.t")]
+    assert given.outlets == [AssetAlias("tables")]
+    # Outside a DAG there is no task to name an alias after (pass outlets= to such a task).
+    assert JetStreamToDeltaOperator(task_id="t", config_path=config).outlets == []
 
 
 def test_every_per_run_argument_is_templated(tmp_path, names):
@@ -148,11 +155,28 @@ def test_secrets_reach_spark_submit_by_environment_never_on_the_command_line(tok
         assert hook._env["PYSPARK_PYTHON"] == sys.executable
 
 
+def count_config_reads(monkeypatch, tally: Path) -> None:
+    """Each load_config of the provider's tasks adds a line to ``tally``: a file, since the
+    OpenLineage listener asks for lineage in forked processes."""
+    import js_etl.airflow.job_config as job_config
+
+    load_config = job_config.load_config
+
+    def counted(path, *args, **kwargs):
+        with tally.open("a") as f:
+            f.write(f"{path}\n")
+        return load_config(path, *args, **kwargs)
+
+    monkeypatch.setattr(job_config, "load_config", counted)
+
+
 def test_dag_drains_a_real_stream_into_delta_and_returns_the_report(tjs, names, tmp_path,
-                                                                    spark, capfd):
+                                                                    spark, capfd, monkeypatch):
     from airflow.models.asset import AssetEvent, AssetModel
     from airflow.utils.session import create_session
 
+    reads = tmp_path / "config-reads.txt"
+    count_config_reads(monkeypatch, reads)
     tjs.run(tjs.admin.add_stream(names.stream, [names.subject]))
     published = [(f"{names.prefix}.e", f'{{"id": {i}}}'.encode()) for i in range(1, 251)]
     tjs.run(publish(tjs.conn, published))
@@ -208,23 +232,26 @@ def test_dag_drains_a_real_stream_into_delta_and_returns_the_report(tjs, names, 
     assert f"spark.openlineage.parentJobName={dag_id}.drain" in output
     assert "spark.openlineage.parentJobNamespace=js-etl-tests" in output
 
-    # The OpenLineage events of the task (file transport): the stream in, the table out, and
-    # at completion the messages written as the output's row count.
+    # The OpenLineage events of the task (file transport): at completion the stream in, the
+    # table out, and the messages written as the output's row count. The start has no datasets:
+    # the listener asks for them before execute has read the config.
     (start,) = lineage_events(f"{dag_id}.drain", "START")
     (complete,) = lineage_events(f"{dag_id}.drain", "COMPLETE")
     with capfd.disabled():
         print("\nOpenLineage COMPLETE event:", json.dumps(complete, indent=1))
     port = tjs.conn.options.servers[0].rsplit(":", 1)[1]
-    for event in (start, complete):
-        (source,) = event["inputs"]
-        assert (source["namespace"], source["name"]) == (f"nats://127.0.0.1:{port}", names.stream)
-        facet = source["facets"]["natsJetStreamConsumer"]
-        assert (facet["consumer"], facet["filterSubjects"]) == (names.consumer, [])
-        (target,) = event["outputs"]
-        assert (target["namespace"], target["name"]) == ("file", str(table))
-    assert "outputStatistics" not in start["outputs"][0].get("outputFacets", {})
-    assert complete["outputs"][0]["outputFacets"]["outputStatistics"]["rowCount"] == 250
+    (source,) = complete["inputs"]
+    assert (source["namespace"], source["name"]) == (f"nats://127.0.0.1:{port}", names.stream)
+    facet = source["facets"]["natsJetStreamConsumer"]
+    assert (facet["consumer"], facet["filterSubjects"]) == (names.consumer, [])
+    (target,) = complete["outputs"]
+    assert (target["namespace"], target["name"]) == ("file", str(table))
+    assert target["outputFacets"]["outputStatistics"]["rowCount"] == 250
+    assert (start["inputs"], start["outputs"]) == ([], [])
     assert TOKEN not in json.dumps([start, complete])
+
+    # Parsed, run, its asset event and both lineage events: the config was read once, by execute.
+    assert reads.read_text().splitlines() == [str(config)]
 
 
 def test_failed_job_fails_the_task_with_the_jobs_own_reason(names, tmp_path, token_server):
@@ -252,6 +279,12 @@ def test_failed_job_fails_the_task_with_the_jobs_own_reason(names, tmp_path, tok
     assert failed["bad_config"]["type"] == "AirflowFailException"
     assert "fetch.batch: expected a positive integer, got -3" in failed["bad_config"]["message"]
     assert xcom(dag_run, "unreachable") is None
+    # The lineage of a failure is that of the config the run loaded, if it got that far.
+    (unreachable,) = lineage_events(f"{dag_id}.unreachable", "FAIL")
+    assert [d["name"] for d in unreachable["inputs"] + unreachable["outputs"]] == [
+        names.stream, str(tmp_path / "table")]
+    (bad_config,) = lineage_events(f"{dag_id}.bad_config", "FAIL")
+    assert (bad_config["inputs"], bad_config["outputs"]) == ([], [])
 
 
 def test_example_backfill_dag_backfills_a_range_and_names_the_table_it_wrote(
@@ -364,6 +397,25 @@ def test_lineage_costs_nothing_until_asked_for(tmp_path, names):
                             timeout=120, check=False, env=os.environ.copy())
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads(result.stdout.strip().splitlines()[-1]) == []
+
+
+def test_lineage_is_that_of_the_config_execute_loaded_and_costs_no_read(tmp_path, names,
+                                                                         monkeypatch):
+    """Without an execute that loaded the config (a task that failed before it), no datasets:
+    not a second read, which could describe a config the run never used."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from js_etl.airflow import JetStreamToDeltaOperator
+
+    reads = tmp_path / "config-reads.txt"
+    count_config_reads(monkeypatch, reads)
+    op = JetStreamToDeltaOperator(task_id="t", config_path=write_config(tmp_path, names, tmp_path),
+                                  nats_conn_id="nats_never_defined")
+    with pytest.raises(AirflowFailException, match="nats_never_defined"):
+        op.execute({})
+    assert op.get_openlineage_facets_on_complete(None) is None
+    assert not hasattr(op, "get_openlineage_facets_on_start")  # it would run before execute
+    assert not reads.exists()
 
 
 def test_transport_injection_passes_an_http_transport_and_masks_its_key(tmp_path, names,

@@ -252,7 +252,7 @@ def _sync_dags_folder_and_unpause(dag_id: str) -> None:
 
 
 def test_a_real_triggerer_starts_the_watcher_dag_which_drains_the_backlog(
-        tjs, names, tmp_path, spark, capfd, monkeypatch):
+        tjs, names, tmp_path, spark, capfd, monkeypatch, request):
     """The example DAG (dags/drain_on_backlog_event.py, on a test stream): a real
     `airflow triggerer` process runs its nats watcher; N messages make one asset event that
     queues a run of the DAG (what the scheduler turns into a DAG run), and that run drains."""
@@ -276,7 +276,10 @@ def test_a_real_triggerer_starts_the_watcher_dag_which_drains_the_backlog(
         " spark.databricks.delta.snapshotPartitions: 2}}\n")
     dag_id = f"watcher_drain_{names.stream}"
     source = (REPO / "dags" / "drain_on_backlog_event.py").read_text()
-    monkeypatch.setenv("JS_ETL_DAG_CONFIG", str(config))  # read where it is parsed and run
+    monkeypatch.setenv("JS_ETL_DAG_CONFIG", str(config))  # read where the drain runs
+    # The watcher's consumer, named where the DAG is parsed (the triggerer inherits these).
+    monkeypatch.setenv("JS_ETL_DAG_STREAM", names.stream)
+    monkeypatch.setenv("JS_ETL_DAG_CONSUMER", names.consumer)
     for old, new in (('"js_etl_drain_on_backlog_event"', repr(dag_id)),
                      ('nats_conn_id="nats_default"', 'nats_conn_id="nats_test"'),
                      ("min_pending=500", f"min_pending={n}"),
@@ -285,6 +288,9 @@ def test_a_real_triggerer_starts_the_watcher_dag_which_drains_the_backlog(
         source = source.replace(old, new)
     path = DAGS_FOLDER / f"{dag_id}.py"
     path.write_text(source)
+    # Gone with this test's environment: parsed again without it, by another test's dag.test(),
+    # it would watch the default consumer, a new trigger that test did not make.
+    request.addfinalizer(lambda: path.unlink(missing_ok=True))
     asset_name = f"nats_backlog_{names.stream}_{names.consumer}"
     _sync_dags_folder_and_unpause(dag_id)
     with create_session() as session:

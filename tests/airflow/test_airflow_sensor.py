@@ -30,14 +30,25 @@ def _stream_with_consumer(tjs, names) -> None:
         durable_name=names.consumer, ack_policy=AckPolicy.EXPLICIT)))
 
 
-def test_sensor_defers_and_completes_when_messages_arrive(tjs, names):
+def _job_config(tmp_path, names) -> str:
+    config = tmp_path / "job.yaml"
+    config.write_text(f"source: {{stream: {names.stream}, consumer: {names.consumer}}}\n"
+                      f"target: {{path: '{tmp_path / 'table'}'}}\n")
+    return str(config)
+
+
+@pytest.mark.parametrize("named_by", ["names", "config"])
+def test_sensor_defers_and_completes_when_messages_arrive(tjs, names, tmp_path, named_by):
     _stream_with_consumer(tjs, names)
-    dag_id = f"sensor_waits_{names.stream}"
+    if named_by == "names":
+        consumer = f"stream={names.stream!r}, consumer={names.consumer!r}"
+    else:  # the drain's config, read when the sensor runs; the resumed task does not read it
+        consumer = f"config_path={_job_config(tmp_path, names)!r}"
+    dag_id = f"sensor_waits_{named_by}_{names.stream}"
     dag = load_dag(write_dag(dag_id, f"""
         with DAG(DAG_ID, schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
                  catchup=False) as dag:
-            JetStreamBacklogSensor(task_id="wait", stream={names.stream!r},
-                                   consumer={names.consumer!r}, min_pending=3,
+            JetStreamBacklogSensor(task_id="wait", {consumer}, min_pending=3,
                                    poll_interval=0.2, nats_conn_id="nats_test",
                                    on_failure_callback=record_failure)
         """))
@@ -81,8 +92,11 @@ def test_sensor_defers_and_completes_when_messages_arrive(tjs, names):
     assert TOKEN not in repr(new[0][2])  # what the metadata DB holds for the triggerer
 
 
-def test_sensor_fails_with_the_reason_when_the_stream_or_consumer_is_missing(tjs, names):
+def test_sensor_fails_with_the_reason_when_the_stream_or_consumer_is_missing(tjs, names,
+                                                                            tmp_path):
     tjs.run(tjs.admin.add_stream(names.stream, [names.subject]))  # but no consumer
+    config = _job_config(tmp_path, names)
+    missing = str(tmp_path / "missing.yaml")
     dag_id = f"sensor_missing_{names.stream}"
     dag = load_dag(write_dag(dag_id, f"""
         with DAG(DAG_ID, schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
@@ -98,11 +112,17 @@ def test_sensor_fails_with_the_reason_when_the_stream_or_consumer_is_missing(tjs
             JetStreamBacklogSensor(task_id="no_connection", stream={names.stream!r},
                                    consumer="c", poll_interval=0.2,
                                    nats_conn_id="no_such_connection")
+            JetStreamBacklogSensor(task_id="no_config", config_path={missing!r},
+                                   poll_interval=0.2, nats_conn_id="nats_test")
+            JetStreamBacklogSensor(task_id="overridden", config_path={config!r},
+                                   overrides={{"source.consumer": "overridden_consumer"}},
+                                   poll_interval=0.2, nats_conn_id="nats_test")
         """))
     dag_run = dag.test()
 
     assert task_states(dag_run) == {"no_stream": "failed", "no_consumer_poking": "failed",
-                                    "refused": "failed", "no_connection": "failed"}
+                                    "refused": "failed", "no_connection": "failed",
+                                    "no_config": "failed", "overridden": "failed"}
     failed = failures(dag_id)
     assert failed["no_stream"]["type"] == "AirflowFailException"  # needs a fix: no retries
     assert failed["no_stream"]["message"].startswith(
@@ -112,16 +132,31 @@ def test_sensor_fails_with_the_reason_when_the_stream_or_consumer_is_missing(tjs
     assert "AuthorizationError: NATS refused the credentials" in failed["refused"]["message"]
     assert failed["no_connection"]["type"] == "AirflowFailException"  # as the operator's
     assert "no_such_connection" in failed["no_connection"]["message"]
+    # A config that cannot be read needs a fix: no retries. Overrides apply as the drain's do.
+    assert failed["no_config"]["type"] == "AirflowFailException"
+    assert failed["no_config"]["message"] == (
+        f"js-etl: ConfigError: cannot read config file {missing}: No such file or directory")
+    assert failed["overridden"]["message"].startswith(
+        f"{names.stream}/overridden_consumer: ConsumerNotFoundError")
     assert xcom(dag_run, "no_stream") is None
 
 
 def test_sensor_refuses_bad_settings_at_construction():
     from js_etl.airflow import JetStreamBacklogSensor
 
+    with pytest.raises(ValueError, match="needs stream= and consumer=, or config_path="):
+        JetStreamBacklogSensor(task_id="s")
+    with pytest.raises(ValueError, match="needs stream= and consumer=, or config_path="):
+        JetStreamBacklogSensor(task_id="s", stream="S")
+    with pytest.raises(ValueError, match="takes stream= and consumer=, or config_path=, not both"):
+        JetStreamBacklogSensor(task_id="s", stream="S", consumer="c", config_path="/j.yaml")
+    with pytest.raises(ValueError, match="overrides= applies to config_path= only"):
+        JetStreamBacklogSensor(task_id="s", stream="S", consumer="c", overrides={"a.b": 1})
     with pytest.raises(ValueError, match="min_pending must be an integer >= 1"):
         JetStreamBacklogSensor(task_id="s", stream="S", consumer="c", min_pending=0)
     with pytest.raises(ValueError, match="poll_interval must be a positive"):
         JetStreamBacklogSensor(task_id="s", stream="S", consumer="c", poll_interval=0)
-    # A template is checked once rendered.
+    # A template is checked once rendered; a config is read only when the task runs.
     JetStreamBacklogSensor(task_id="s", stream="S", consumer="c",
                            min_pending="{{ params.n }}")
+    JetStreamBacklogSensor(task_id="s", config_path="/not/there.yaml")
