@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -140,7 +141,15 @@ class DeltaTarget:
         exists, view = self.exists_with_view(spark)
         if not exists:
             if self.path:
-                stray = [name for name in _list_dir(spark, self.path) if name != "_js_etl"]
+                names = [name for name in _list_dir(spark, self.path) if name != "_js_etl"]
+                if "_delta_log" in names and not _holds_a_commit(spark, self.path):
+                    # A creation that never committed (a failed or killed first write leaves
+                    # the log directory and data files no commit names): Delta creates the
+                    # table there, and those files stay out of it until a VACUUM.
+                    log.warning("%s: a first write that never committed left files there; "
+                                "they are not part of the table", self)
+                    return
+                stray = names
                 if stray:
                     raise TerminalError(
                         f"target {self.path} is not a Delta table but holds other files "
@@ -461,6 +470,14 @@ def _list_dir(spark: SparkSession, path: str) -> list[str]:
     if not fs.exists(hpath) or not fs.getFileStatus(hpath).isDirectory():
         return []
     return [str(status.getPath().getName()) for status in fs.listStatus(hpath)]
+
+
+# What a Delta log holds once a table has a version: a commit, a checkpoint, or its pointer.
+_COMMITTED = re.compile(r"\d{20}\.(json|checkpoint.*parquet)|_last_checkpoint")
+
+
+def _holds_a_commit(spark: SparkSession, path: str) -> bool:
+    return any(_COMMITTED.fullmatch(name) for name in _list_dir(spark, f"{path}/_delta_log"))
 
 
 def log_actions(spark: SparkSession, location: str, version: int) -> list[dict[str, Any]]:

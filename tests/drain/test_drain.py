@@ -287,6 +287,38 @@ def test_unusable_target_path_is_refused_before_fetching(kind, spark, js, names,
     assert js.consumer_info(names.stream, names.consumer).delivered.stream_seq == 0
 
 
+@pytest.mark.parametrize("writer", ["spark", "auto"])
+def test_a_first_write_that_never_committed_does_not_block_the_next_run(writer, spark, js, names,
+                                                                        nats_server, tmp_path):
+    """A first write that failed (or was killed) before its commit leaves Delta's log directory
+    and data files but no commit. The next run creates the table there; those files are not
+    in it. (A fault schedule SIGKILLed a first run there, and every later run was refused.)"""
+    add_stream(js, names)
+    publish_and_wait(js, names, [(f"{names.prefix}.e", json.dumps({"id": i}).encode())
+                                 for i in range(30)])
+    table = tmp_path / "table"
+
+    def dies(batches: Any) -> Any:
+        for batch in batches:
+            if batch.num_rows:
+                raise RuntimeError("the first write dies before its commit")
+            yield batch
+
+    with pytest.raises(Exception, match="dies before its commit"):
+        spark.range(10, numPartitions=2).mapInArrow(dies, "id long").write.format(
+            "delta").save(str(table))
+    left = {p.name for p in table.iterdir()}
+    assert "_delta_log" in left and not any((table / "_delta_log").glob("*.json"))
+
+    report = run_drain(spark, make_config(names, nats_server, tmp_path, "decode.format=json",
+                                          f"decode.schema={SCHEMA}", f"target.writer={writer}"))
+
+    assert (report.messages_written, report.writer) == (
+        30, "columnar" if writer == "auto" else "spark")
+    assert seqs(spark, table) == list(range(1, 31))
+    assert consumer_state(js, names) == (0, 0)
+
+
 # --- mistakes found before the first fetch, and a failed round released at once -------------
 def test_a_table_whose_types_disagree_with_the_schema_is_refused_before_any_fetch(
         spark, js, names, nats_server, tmp_path):
