@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("js_etl.delta")
 
 EVERY_SEQ = 2**63 - 1  # the highest stream sequence: "up to the end"
+APPEND_ATTEMPTS = 3  # a round's append that loses to other writers this often fails transiently
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,10 +230,24 @@ class DeltaTarget:
             writer = writer.partitionBy(*partition_by)
         if merge_schema:
             writer = writer.option("mergeSchema", "true")
-        if self.table:
-            writer.saveAsTable(self.table)
-        else:
-            writer.save(self.path)
+        for attempt in range(1, APPEND_ATTEMPTS + 1):
+            try:
+                if self.table:
+                    writer.saveAsTable(self.table)
+                else:
+                    writer.save(self.path)
+                break
+            except _lost_to_another_writer() as e:
+                # Delta refused this commit because another writer committed first (e.g. made
+                # version 0 of a new table too): nothing of it is in the table, so it is made
+                # again on the table as it now is. The round's rows are a checkpoint: the same.
+                if attempt == APPEND_ATTEMPTS:
+                    raise TransientError(
+                        f"{self} kept changing under round {tag.round}'s append ({attempt} "
+                        f"attempts, last: {type(e).__name__}): nothing of this round is acked; "
+                        "retry the run") from None
+                log.warning("%s: round %d's append lost to another writer's commit (%s); "
+                            "appending again", self, tag.round, type(e).__name__)
         recorded, after = self.job_round(spark, tag.job)
         if recorded != tag.round:
             raise TerminalError(
@@ -344,6 +359,19 @@ class DeltaTarget:
 # defaults to 100. Whoever reads a table replays every commit since its last checkpoint, and the
 # driver opens a columnar round's table several times (docs/design/columnar-writer.md).
 SPARK_CHECKPOINT_INTERVAL = 10
+
+
+def _lost_to_another_writer() -> tuple[type[Exception], ...]:
+    """Delta's refusals of a blind append that another writer's commit came before. Not
+    ConcurrentTransactionException: that is another commit of the same job (its txnAppId), which
+    the lease and the lock keep out."""
+    from delta.exceptions import (
+        ConcurrentAppendException,
+        MetadataChangedException,
+        ProtocolChangedException,
+    )
+
+    return ProtocolChangedException, MetadataChangedException, ConcurrentAppendException
 
 
 def _checkpoint_as_spark_would(table: Any, target: DeltaTarget) -> None:

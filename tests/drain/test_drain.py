@@ -319,6 +319,48 @@ def test_a_first_write_that_never_committed_does_not_block_the_next_run(writer, 
     assert consumer_state(js, names) == (0, 0)
 
 
+def test_a_table_another_writer_creates_during_the_first_append_is_appended_to(
+        spark, js, names, nats_server, tmp_path, monkeypatch):
+    """Another writer (a drain of another consumer, say) creates the table while this run's
+    first append is writing its files: Delta refuses that commit (both made version 0). The
+    append is made again on the table as it now is; every message lands once."""
+    from js_etl.delta.table import DeltaTarget
+
+    add_stream(js, names)
+    publish_and_wait(js, names, [(f"{names.prefix}.e", b"m%d" % i) for i in range(40)])
+    table, marker = tmp_path / "table", tmp_path / "created"
+    real_append = DeltaTarget.append
+
+    def create_elsewhere_once(batches: Any) -> Any:
+        # In the append's own write task, after its transaction read the (missing) table.
+        import os
+
+        import pyarrow as pa
+        from deltalake import write_deltalake
+
+        for batch in batches:
+            try:
+                os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                pass
+            else:
+                write_deltalake(str(table), pa.Table.from_batches([batch.slice(0, 0)]))
+            yield batch
+
+    def append(self: Any, spark: Any, df: Any, *args: Any, **kw: Any) -> int:
+        if self.path == str(table):
+            df = df.mapInArrow(create_elsewhere_once, df.schema)
+        return real_append(self, spark, df, *args, **kw)
+
+    monkeypatch.setattr(DeltaTarget, "append", append)
+    report = run_drain(spark, make_config(names, nats_server, tmp_path, "decode.format=raw"))
+
+    assert marker.exists()  # the other writer did create the table mid-append
+    assert report.messages_written == 40
+    assert seqs(spark, table) == list(range(1, 41))
+    assert consumer_state(js, names) == (0, 0)
+
+
 # --- mistakes found before the first fetch, and a failed round released at once -------------
 def test_a_table_whose_types_disagree_with_the_schema_is_refused_before_any_fetch(
         spark, js, names, nats_server, tmp_path):
