@@ -502,6 +502,56 @@ def test_a_dead_letter_table_with_a_check_constraint_gets_sparks_append(
     assert info.ack_floor.stream_seq == 0  # nothing of the round acked
 
 
+@pytest.mark.parametrize("fmt, partition_by", [
+    ("raw", "[]"), ("raw", "[subject, to_date(published_at) AS day]"), ("text", "[]"),
+    ("text", "[to_date(published_at) AS day]")])
+def test_both_writers_write_the_same_raw_and_text_rows(fmt, partition_by, spark, js, names,
+                                                       nats_server, tmp_path):
+    """raw and text drains on the columnar writer: the same rows, dead letters (text: a payload
+    that is not UTF-8) and counts as Spark's writer, for payloads of every kind of bytes."""
+    add_stream(js, names)
+    payloads = [b"", b"plain", "é ü ✓".encode(), b"\xff\xfe not utf-8", b"\x00\x01\x02",
+                *PAYLOADS, *(b"m%d" % i for i in range(200))]
+    headers = [("Tag", "one"), ("Tag", "two")]
+    publish_and_wait(js, names, [(f"{names.prefix}.{'a' if i % 2 else 'b'}", p,
+                                  *([headers] if i % 5 == 0 else []))
+                                 for i, p in enumerate(payloads)])
+    reports = {}
+    for writer in ("spark", "auto"):
+        reports[writer] = run_drain(spark, config(
+            names, nats_server.url, tmp_path / writer, f"{names.consumer}_{writer}",
+            f"decode.format={fmt}", "decode.schema=null", f"target.writer={writer}",
+            f"target.partition_by={partition_by}"))
+
+    assert (reports["auto"].writer, reports["auto"].writer_note) == ("columnar", None)
+    assert ([(r.messages_written, r.dead_letters, r.bytes) for r in reports.values()]
+            == [(reports["spark"].messages_written, reports["spark"].dead_letters,
+                 sum(map(len, payloads)))] * 2)
+    assert reports["spark"].dead_letters == (
+        sum(not _utf8(p) for p in payloads) if fmt == "text" else 0)
+    for suffix in ("", "_dead_letters"):
+        spark_table, columnar_table = (tmp_path / f"{w}{suffix}" for w in ("spark", "auto"))
+        if not spark_table.exists():
+            assert not (columnar_table / "_delta_log").exists() or DeltaTarget(
+                str(columnar_table)).read(spark).count() == 0
+            continue
+        assert schema_of(spark, columnar_table) == schema_of(spark, spark_table)
+        drop = ("consumer_seq",)
+        assert table_rows(spark, columnar_table, drop=drop) == table_rows(spark, spark_table,
+                                                                          drop=drop)
+    for writer in ("spark", "auto"):
+        info = settled(js, names.stream, f"{names.consumer}_{writer}")
+        assert (info.num_pending, info.num_ack_pending) == (0, 0)
+
+
+def _utf8(payload: bytes) -> bool:
+    try:
+        payload.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
 def test_the_writer_is_chosen_before_the_first_round_and_reported(spark, js, names, nats_server,
                                                                   tmp_path):
     add_stream(js, names)
@@ -511,9 +561,9 @@ def test_the_writer_is_chosen_before_the_first_round_and_reported(spark, js, nam
         return run_drain(spark, config(names, nats_server.url, tmp_path / table, consumer,
                                        *extra))
 
-    text = drain("text", "c1", "decode.format=text", "decode.schema=null")
-    assert (text.writer, text.messages_written) == ("spark", 5)
-    assert text.writer_note == "decode.format is text (the columnar writer decodes JSON)"
+    unknown = drain("unknown", "c1", "decode.unknown_fields=dead_letter")
+    assert (unknown.writer, unknown.messages_written) == ("spark", 5)
+    assert unknown.writer_note == "decode.unknown_fields is dead_letter"
     forced = drain("forced", "c2", "target.writer=spark")
     assert (forced.writer, forced.writer_note) == ("spark", "target.writer is spark")
     nested_schema = drain("nested", "c3", "decode.schema=id BIGINT, tags ARRAY<STRING>")
@@ -543,9 +593,9 @@ def test_the_writer_is_chosen_before_the_first_round_and_reported(spark, js, nam
         drain("spaced", "c8", "decode.schema=id BIGINT, `a b` STRING")
     assert not (tmp_path / "spaced" / "_delta_log").exists()
 
-    with pytest.raises(ConfigError, match="target.writer is columnar, but decode.format is raw"):
-        drain("refused", "c5", "decode.format=raw", "decode.schema=null",
-              "target.writer=columnar")
+    with pytest.raises(ConfigError, match="target.writer is columnar, but decode.unknown_fields "
+                                          "is dead_letter"):
+        drain("refused", "c5", "decode.unknown_fields=dead_letter", "target.writer=columnar")
     assert not (tmp_path / "refused" / "_delta_log").exists()
 
 

@@ -353,7 +353,8 @@ def test_a_table_another_writer_creates_during_the_first_append_is_appended_to(
         return real_append(self, spark, df, *args, **kw)
 
     monkeypatch.setattr(DeltaTarget, "append", append)
-    report = run_drain(spark, make_config(names, nats_server, tmp_path, "decode.format=raw"))
+    report = run_drain(spark, make_config(names, nats_server, tmp_path, "decode.format=raw",
+                                          "target.writer=spark"))
 
     assert marker.exists()  # the other writer did create the table mid-append
     assert report.messages_written == 40

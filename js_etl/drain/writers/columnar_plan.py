@@ -82,7 +82,7 @@ def config_problem(spark: SparkSession, config: JobConfig) -> str | None:
     if problem:
         return problem
     payload = _payload_type(config.decode)
-    if not supported(to_arrow_type(payload, timezone="UTC")):
+    if config.decode.format == "json" and not supported(to_arrow_type(payload, timezone="UTC")):
         return _TYPES_PROBLEM
     return _fields_problem(config, {f.name: f.dataType.simpleString() for f in payload.fields},
                            spark.conf.get("spark.sql.session.timeZone") or "")
@@ -94,7 +94,8 @@ def expects_columnar(config: JobConfig) -> bool:
     Spark starts its JVM for the writer it will serve (:func:`js_etl.spark.session.
     local_jvm_options`). decode.schema is read without Spark, as plain ``name TYPE`` pairs
     only; any other schema counts as no, which only starts the JVM as for Spark's writer."""
-    fields = _plain_fields(config.decode.schema or "")
+    fields = (_plain_fields(config.decode.schema or "") if config.decode.format == "json"
+              else _payload_type_fields(config.decode))
     return (config.target.writer != "spark" and _decode_problem(config) is None
             and fields is not None
             and _fields_problem(config, fields, config.spark.conf.get(
@@ -115,11 +116,20 @@ def _plain_fields(ddl: str) -> dict[str, str] | None:
 
 def _decode_problem(config: JobConfig) -> str | None:
     decode = config.decode
-    if decode.format != "json":
-        return f"decode.format is {decode.format} (the columnar writer decodes JSON)"
-    if decode.unknown_fields != "ignore":
+    if decode.format == "json" and decode.unknown_fields != "ignore":
         return "decode.unknown_fields is dead_letter"
     return None
+
+
+def keeps_payload(decode: DecodeConfig) -> bool:
+    """Whether a good row keeps the payload's bytes in ``data``: a raw drain's only column, or
+    a json drain's with keep_raw."""
+    return decode.format == "raw" or (decode.format == "json" and decode.keep_raw)
+
+
+def _payload_type_fields(decode: DecodeConfig) -> dict[str, str]:
+    """The payload columns of a raw or text drain, as {name: simple type}."""
+    return {"text": "string"} if decode.format == "text" else {}
 
 
 def _fields_problem(config: JobConfig, fields: Mapping[str, str], zone: str) -> str | None:
@@ -171,8 +181,9 @@ def _partition_columns(config: JobConfig, payload: StructType) -> tuple[Partitio
 
 def row_schema(config: JobConfig) -> tuple[StructType, list[str]]:
     """The schema of the rows this writer writes for a job :func:`config_problem` accepted, and
-    the table's partition columns: the origin columns, the payload's fields (and ``data`` with
-    keep_raw), then each computed partition column (a DATE).
+    the table's partition columns: the origin columns, the payload's fields (``text`` of a text
+    drain), ``data`` where a row keeps the payload (:func:`keeps_payload`), then each computed
+    partition column (a DATE).
 
     It is the schema the Spark writer's rows have (:meth:`~js_etl.drain.run.Drain.
     _empty_rows`; tests/drain/test_columnar.py compares the two for every kind of field and
@@ -184,7 +195,7 @@ def row_schema(config: JobConfig) -> tuple[StructType, list[str]]:
     assert isinstance(raw, StructType)
     payload = _payload_type(config.decode)
     fields = [raw[name] for name in ORIGIN_COLUMNS] + payload.fields
-    if config.decode.keep_raw:
+    if keeps_payload(config.decode):
         fields.append(raw["data"])
     partitions = _partition_columns(config, payload)
     fields += [StructField(c.name, DateType()) for c in partitions if c.source is None]
@@ -202,8 +213,14 @@ def dead_letter_schema() -> StructType:
 
 
 def _payload_type(decode: DecodeConfig) -> StructType:
-    from pyspark.sql.types import StructType, _parse_datatype_string
+    """The payload's columns: decode.schema's fields for json, ``text STRING`` for text, none
+    for raw (its payload is ``data``)."""
+    from pyspark.sql.types import StringType, StructField, StructType, _parse_datatype_string
 
+    if decode.format == "text":
+        return StructType([StructField("text", StringType())])
+    if decode.format == "raw":
+        return StructType([])
     schema = _parse_datatype_string(decode.schema or "")
     assert isinstance(schema, StructType)  # the Decoder checked decode.schema
     return schema

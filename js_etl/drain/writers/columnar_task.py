@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 
 from js_etl.delta.files import TaskFiles, WrittenFile
 from js_etl.drain.fetch import FetchPlan, fetch_partition
-from js_etl.drain.writers.columnar_plan import ColumnarPlan
+from js_etl.drain.writers.columnar_plan import ColumnarPlan, keeps_payload
 from js_etl.faults import fail_first_attempt
 from js_etl.schema import dead_letter_arrow
 
@@ -80,8 +80,8 @@ def fetch_decode_write(fetch: FetchPlan, plan: ColumnarPlan, round_no: int,
         # Late binding wanted: the fetch asks before each pull what is held by then.
         for raw in fetch_partition(fetch, elements, held=lambda: dead_bytes):  # noqa: B023
             decoded = decoder(raw)
-            # The decoder keeps a good row's payload only with keep_raw: the bytes, and a row
-            # that is parked below, take it from the pull.
+            # A good row keeps its payload only where keeps_payload says so: the bytes, and a
+            # row that is parked below, take it from the pull.
             payloads = raw.column("data")
             error = decoded.column("error")
             if plan.park_after is not None:
@@ -91,7 +91,8 @@ def fetch_decode_write(fetch: FetchPlan, plan: ColumnarPlan, round_no: int,
                     f" times (more than source.max_deliver {plan.park_after})", "")
                 error = pc.if_else(pc.greater(delivered, plan.park_after), poison, error)
             dead = pc.is_valid(error)
-            rows = decoded.drop_columns(["error"] if plan.decode.keep_raw else ["error", "data"])
+            rows = decoded.drop_columns(["error"] if keeps_payload(plan.decode)
+                                        else ["error", "data"])
             yield TaskOutput(keys=_key_blob(decoded, dead, payloads))
             if pc.any(dead).as_py():
                 files.add(rows.filter(pc.invert(dead)))

@@ -39,9 +39,17 @@ def test_settings_the_columnar_writer_cannot_take_expect_spark(override: str) ->
     assert not job(override)
 
 
-def test_a_raw_job_expects_spark() -> None:
-    assert not expects_columnar(load_config(None, ("source.stream=S", "source.consumer=c",
-                                                   "target.path=/lake/t"), environ={}))
+@pytest.mark.parametrize("settings, columnar", [
+    ((), True),  # raw, the default format
+    (("decode.format=text",), True),
+    (("decode.format=raw", "target.partition_by=[to_date(published_at) AS d]"), True),
+    (("decode.format=text", "target.partition_by=[length(text) AS n]"), False),
+    (("decode.format=raw", "target.writer=spark"), False),
+])
+def test_raw_and_text_jobs_expect_the_columnar_writer(settings, columnar) -> None:
+    assert expects_columnar(load_config(None, ("source.stream=S", "source.consumer=c",
+                                               "target.path=/lake/t", *settings),
+                                        environ={})) is columnar
 
 
 def test_local_spark_uses_the_serial_collector_and_c1_only_for_the_columnar_writer() -> None:
