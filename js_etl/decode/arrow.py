@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
-from decimal import Decimal, InvalidOperation
+from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any, cast
 
 import pyarrow as pa
@@ -48,6 +48,8 @@ from js_etl.config.model import DecodeConfig
 # Spark's JSON parser (Jackson's StreamReadConstraints) refuses nesting deeper than this; so
 # does this decoder, with the reasons the drain's decoder gives (tests/drain/test_columnar.py).
 MAX_DEPTH = 1000
+_DECIMALS = Context(prec=2 * MAX_INTEGER_DIGITS + 100)
+_DECIMAL_TEXT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 _BRACKETS_OUTSIDE_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 
 
@@ -140,7 +142,19 @@ def _parse_float(text: str) -> float:
     mantissa = text.partition("e")[0].partition("E")[0]
     if sum(c.isdigit() for c in mantissa) > MAX_INTEGER_DIGITS:
         raise ValueError(f"a number of more than {MAX_INTEGER_DIGITS:,} digits")
-    return float(text)
+    return _Float(text)
+
+
+class _Float(float):
+    """A JSON number with a fraction or an exponent, and its literal: a DECIMAL column takes the
+    literal's exact value, as Spark's parser does, not the nearest double's."""
+
+    literal: str
+
+    def __new__(cls, text: str) -> _Float:
+        number = super().__new__(cls, text)
+        number.literal = text
+        return number
 
 
 def _loads(text: str) -> Any:
@@ -332,10 +346,17 @@ def _convert(value: Any, dt: DataType) -> Any:
         except OverflowError:  # an integer literal beyond the doubles: as Spark, +-Infinity
             return math.inf if value > 0 else -math.inf
     if isinstance(dt, T.DecimalType):
-        if not isinstance(value, (int, float)):
+        # Spark takes a number, or a string its decimal parser reads: digits, a point and an
+        # exponent, no spaces, any commas ignored as grouping ("1,234.5"); rounded half up.
+        if isinstance(value, str) and _DECIMAL_TEXT.fullmatch(value.replace(",", "")):
+            text = value.replace(",", "")
+        elif isinstance(value, (int, float)):
+            text = value.literal if isinstance(value, _Float) else str(value)
+        else:
             raise _Mismatch
-        try:
-            number = Decimal(str(value)).quantize(Decimal(1).scaleb(-dt.scale))
+        try:  # room for any literal the parser takes (digits are bounded) at the column's scale
+            number = Decimal(text).quantize(Decimal(1).scaleb(-dt.scale), rounding=ROUND_HALF_UP,
+                                            context=_DECIMALS)
         except InvalidOperation:
             raise _Mismatch from None
         if len(number.as_tuple().digits) > dt.precision:

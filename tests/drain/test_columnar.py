@@ -544,6 +544,46 @@ def test_both_writers_write_the_same_raw_and_text_rows(fmt, partition_by, spark,
         assert (info.num_pending, info.num_ack_pending) == (0, 0)
 
 
+DECIMAL_PAYLOADS = [
+    b'{"m": 12.345, "n": 1.005}', b'{"m": -0.005, "n": -999.999}', b'{"m": 0.125}',
+    b'{"m": "12.34"}', b'{"m": "12.345"}', b'{"m": "1e2"}', b'{"m": "+1"}', b'{"m": ".5"}',
+    b'{"m": "5."}', b'{"m": "1,234.5"}', b'{"m": ",5"}', b'{"m": "1.5,0"}', b'{"m": "-1,000"}',
+    b'{"m": "1,000e2"}', b'{"m": " 1.5"}', b'{"m": "abc"}', b'{"m": "NaN"}', b'{"m": "0x10"}',
+    b'{"m": ""}', b'{"m": "1_000"}', b'{"m": true}', b'{"m": [1]}', b'{"m": {"a": 1}}',
+    b'{"m": 0.123456789012345678901234567890}',  # more digits than a double holds
+    b'{"m": 12345678901234567890.123456789012345678}',  # exactly 38 digits
+    b'{"m": 123456789012345678901}', b'{"m": 99999999999999999999.9999999999999999995}',
+    b'{"m": "1E400"}', b'{"m": 1E-400}', b'{"m": -0}', b'{"n": 123.4567}', b'{"n": 1234567.1}',
+    b'{"n": 9999.995}', b'{"m": null, "n": null}', b"{}",
+]
+
+
+def test_both_writers_decode_decimals_alike(spark, js, names, nats_server, tmp_path):
+    """DECIMAL fields on the columnar writer: Spark's parser takes a number's exact literal
+    (not the nearest double), rounds half up, reads strings with grouping commas, and refuses
+    what does not fit; both writers must write the same rows and dead letters."""
+    add_stream(js, names)
+    payloads = [*DECIMAL_PAYLOADS, *(b'{"id": %d, "m": %d.%d}' % (i, i, i) for i in range(100))]
+    publish_and_wait(js, names, [(f"{names.prefix}.e", p) for p in payloads])
+    reports = {}
+    for writer in ("spark", "auto"):
+        reports[writer] = run_drain(spark, config(
+            names, nats_server.url, tmp_path / writer, f"{names.consumer}_{writer}",
+            "decode.schema=id BIGINT, m DECIMAL(38,18), n DECIMAL(6,2)",
+            f"target.writer={writer}"))
+
+    assert (reports["auto"].writer, reports["auto"].writer_note) == ("columnar", None)
+    assert ([(r.messages_written, r.dead_letters) for r in reports.values()]
+            == [(reports["spark"].messages_written, reports["spark"].dead_letters)] * 2)
+    assert reports["spark"].dead_letters > 0  # the payloads that do not fit or do not parse
+    for suffix in ("", "_dead_letters"):
+        spark_table, columnar_table = (tmp_path / f"{w}{suffix}" for w in ("spark", "auto"))
+        assert schema_of(spark, columnar_table) == schema_of(spark, spark_table)
+        drop = ("consumer_seq",)
+        assert table_rows(spark, columnar_table, drop=drop) == table_rows(spark, spark_table,
+                                                                          drop=drop)
+
+
 def _utf8(payload: bytes) -> bool:
     try:
         payload.decode("utf-8")

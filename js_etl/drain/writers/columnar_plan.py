@@ -35,8 +35,9 @@ _COPYABLE_ORIGIN = ("subject",)
 _WRITABLE_TYPES = ("bigint", "int", "double", "string", "boolean")
 
 
+_DECIMAL = re.compile(r"decimal\(\d+,\d+\)")  # Spark's simple name of a DECIMAL(p, s)
 _TYPES_PROBLEM = ("decode.schema has a type the columnar writer does not decode as Spark does "
-                  f"(it takes {', '.join(t.upper() for t in _WRITABLE_TYPES)})")
+                  f"(it takes {', '.join(t.upper() for t in _WRITABLE_TYPES)}, DECIMAL)")
 
 
 # decode.schema as expects_columnar reads it without Spark: plain `name TYPE` pairs.
@@ -74,16 +75,10 @@ class ColumnarPlan:
 
 def config_problem(spark: SparkSession, config: JobConfig) -> str | None:
     """Why this job's settings need the Spark writer, or None."""
-    from pyspark.sql.pandas.types import to_arrow_type
-
-    from js_etl.decode.json_batch import supported
-
     problem = _decode_problem(config)
     if problem:
         return problem
     payload = _payload_type(config.decode)
-    if config.decode.format == "json" and not supported(to_arrow_type(payload, timezone="UTC")):
-        return _TYPES_PROBLEM
     return _fields_problem(config, {f.name: f.dataType.simpleString() for f in payload.fields},
                            spark.conf.get("spark.sql.session.timeZone") or "")
 
@@ -136,7 +131,7 @@ def _fields_problem(config: JobConfig, fields: Mapping[str, str], zone: str) -> 
     """The rest of :func:`config_problem`, on the payload's fields as {name: simple type}."""
     from js_etl.config import partition_column_name
 
-    if not all(kind in _WRITABLE_TYPES for kind in fields.values()):
+    if not all(kind in _WRITABLE_TYPES or _DECIMAL.fullmatch(kind) for kind in fields.values()):
         return _TYPES_PROBLEM
     copyable = {name.lower() for name, kind in fields.items()
                 if kind in _PARTITION_TYPES} | set(_COPYABLE_ORIGIN)
