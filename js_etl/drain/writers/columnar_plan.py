@@ -13,7 +13,7 @@ from js_etl.schema import DEAD_LETTER, ORIGIN_COLUMNS, RAW_DDL, ddl
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-    from pyspark.sql.types import StructType
+    from pyspark.sql.types import DataType, StructType
 
     from js_etl.config import DecodeConfig, JobConfig
 
@@ -35,9 +35,9 @@ _COPYABLE_ORIGIN = ("subject",)
 _WRITABLE_TYPES = ("bigint", "int", "double", "string", "boolean")
 
 
-_DECIMAL = re.compile(r"decimal\(\d+,\d+\)")  # Spark's simple name of a DECIMAL(p, s)
 _TYPES_PROBLEM = ("decode.schema has a type the columnar writer does not decode as Spark does "
-                  f"(it takes {', '.join(t.upper() for t in _WRITABLE_TYPES)}, DECIMAL)")
+                  f"(it takes {', '.join(t.upper() for t in _WRITABLE_TYPES)}, DECIMAL, and "
+                  "ARRAY, STRUCT and MAP<STRING, …> of them)")
 
 
 # decode.schema as expects_columnar reads it without Spark: plain `name TYPE` pairs.
@@ -79,8 +79,24 @@ def config_problem(spark: SparkSession, config: JobConfig) -> str | None:
     if problem:
         return problem
     payload = _payload_type(config.decode)
+    if not all(_writable(f.dataType) for f in payload.fields):
+        return _TYPES_PROBLEM
     return _fields_problem(config, {f.name: f.dataType.simpleString() for f in payload.fields},
                            spark.conf.get("spark.sql.session.timeZone") or "")
+
+
+def _writable(kind: DataType) -> bool:
+    """Whether the decoders give ``kind`` as Spark's parser does: the plain types, DECIMAL, and
+    arrays, structs and string-keyed maps of them."""
+    from pyspark.sql.types import ArrayType, DecimalType, MapType, StringType, StructType
+
+    if isinstance(kind, ArrayType):
+        return _writable(kind.elementType)
+    if isinstance(kind, StructType):
+        return bool(kind.fields) and all(_writable(f.dataType) for f in kind.fields)
+    if isinstance(kind, MapType):
+        return isinstance(kind.keyType, StringType) and _writable(kind.valueType)
+    return isinstance(kind, DecimalType) or kind.simpleString() in _WRITABLE_TYPES
 
 
 def expects_columnar(config: JobConfig) -> bool:
@@ -131,8 +147,6 @@ def _fields_problem(config: JobConfig, fields: Mapping[str, str], zone: str) -> 
     """The rest of :func:`config_problem`, on the payload's fields as {name: simple type}."""
     from js_etl.config import partition_column_name
 
-    if not all(kind in _WRITABLE_TYPES or _DECIMAL.fullmatch(kind) for kind in fields.values()):
-        return _TYPES_PROBLEM
     copyable = {name.lower() for name, kind in fields.items()
                 if kind in _PARTITION_TYPES} | set(_COPYABLE_ORIGIN)
     for expression in config.target.partition_by:
