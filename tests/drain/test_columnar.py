@@ -626,6 +626,80 @@ def test_both_writers_decode_nested_types_alike(spark, js, names, nats_server, t
                                                                           drop=drop)
 
 
+# Measured with Spark (the review that broke the parity): Spark's parser (Jackson's
+# StreamReadConstraints.validateFPLength) counts a number's exponent digits too, with those on
+# both sides of its point, against the 1,000-digit limit: each of these is "malformed JSON" to
+# Spark's writer, where the columnar writer counts only the digits before the exponent and
+# writes a row (the first two by the pyarrow batch path, none of their digit runs over 500).
+EXPONENT_DIGIT_PAYLOADS = [
+    b'{"id": 1, "x": %s.%se-00001}' % (b"1" * 500, b"2" * 499),  # 999 + 5 digits, a DOUBLE
+    b'{"id": 2, "other": %s.%se-00001}' % (b"1" * 500, b"2" * 499),  # in a field it ignores
+    b'{"id": 3, "x": %se-01}' % (b"1" * 999),  # 999 + 2
+    b'{"id": 4, "x": 1.5e-%s1}' % (b"0" * 998),  # 2 + 999
+]
+
+
+def test_both_writers_count_a_numbers_exponent_digits_alike(spark, js, names, nats_server,
+                                                            tmp_path):
+    """A number of more than 1,000 digits, its exponent's counted, is malformed JSON to Spark's
+    parser; both writers must write the same rows and dead letters for it."""
+    add_stream(js, names)
+    payloads = [*EXPONENT_DIGIT_PAYLOADS, *(b'{"id": %d, "x": %d.5}' % (i, i)
+                                            for i in range(10, 40))]
+    publish_and_wait(js, names, [(f"{names.prefix}.e", p) for p in payloads])
+    reports = {}
+    for writer in ("spark", "auto"):
+        reports[writer] = run_drain(spark, config(
+            names, nats_server.url, tmp_path / writer, f"{names.consumer}_{writer}",
+            "decode.schema=id BIGINT, x DOUBLE", f"target.writer={writer}"))
+
+    assert (reports["auto"].writer, reports["auto"].writer_note) == ("columnar", None)
+    assert ([(r.messages_written, r.dead_letters) for r in reports.values()]
+            == [(reports["spark"].messages_written, reports["spark"].dead_letters)] * 2)
+    for suffix in ("", "_dead_letters"):
+        spark_table, columnar_table = (tmp_path / f"{w}{suffix}" for w in ("spark", "auto"))
+        drop = ("consumer_seq",)
+        assert table_rows(spark, columnar_table, drop=drop) == table_rows(spark, spark_table,
+                                                                          drop=drop)
+
+
+# Measured with Spark (the review that broke the parity): decimal strings Spark's
+# parser (java.math.BigDecimal) refuses and the columnar writer reads: a digit outside the Basic
+# Multilingual Plane (Java reads a string one UTF-16 unit at a time, and half a surrogate pair is
+# no digit; Python's \d and Decimal take U+1D7CF as 1), and an exponent that puts the scale at
+# or past what Java's BigDecimal and BigInteger hold. Spark: "JSON does not match decode.schema";
+# columnar: a row of 1.00 or 0.00.
+DECIMAL_STRINGS_SPARK_REFUSES = [
+    '{"m": "\U0001D7CF"}'.encode(),  # MATHEMATICAL BOLD DIGIT ONE, as UTF-8
+    b'{"m": "\\ud835\\udfcf"}',  # the same digit as a JSON escape pair
+    b'{"m": "1e-2147483647"}', b'{"m": "0.1e-2147483647"}', b'{"m": 1e-2147483648}',
+    b'{"m": "0e2147483648"}',  # Java: exponent overflow
+    b'{"m": "1e-1000000000"}',  # Java: its power of ten past BigInteger's range; 1e-100000000 holds
+]
+
+
+def test_both_writers_refuse_the_decimal_strings_spark_refuses(spark, js, names, nats_server,
+                                                               tmp_path):
+    add_stream(js, names)
+    payloads = [*DECIMAL_STRINGS_SPARK_REFUSES, *(b'{"id": %d, "m": %d.5}' % (i, i)
+                                                  for i in range(30))]
+    publish_and_wait(js, names, [(f"{names.prefix}.e", p) for p in payloads])
+    reports = {}
+    for writer in ("spark", "auto"):
+        reports[writer] = run_drain(spark, config(
+            names, nats_server.url, tmp_path / writer, f"{names.consumer}_{writer}",
+            "decode.schema=id BIGINT, m DECIMAL(12,2)", f"target.writer={writer}"))
+
+    assert (reports["auto"].writer, reports["auto"].writer_note) == ("columnar", None)
+    assert ([(r.messages_written, r.dead_letters) for r in reports.values()]
+            == [(reports["spark"].messages_written, reports["spark"].dead_letters)] * 2)
+    for suffix in ("", "_dead_letters"):
+        spark_table, columnar_table = (tmp_path / f"{w}{suffix}" for w in ("spark", "auto"))
+        drop = ("consumer_seq",)
+        assert table_rows(spark, columnar_table, drop=drop) == table_rows(spark, spark_table,
+                                                                          drop=drop)
+
+
 def _utf8(payload: bytes) -> bool:
     try:
         payload.decode("utf-8")
