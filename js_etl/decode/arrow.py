@@ -49,7 +49,13 @@ from js_etl.config.model import DecodeConfig
 # does this decoder, with the reasons the drain's decoder gives (tests/drain/test_columnar.py).
 MAX_DEPTH = 1000
 _DECIMALS = Context(prec=2 * MAX_INTEGER_DIGITS + 100)
-_DECIMAL_TEXT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+# What java.math.BigDecimal(String) reads; its digits are UTF-16 units, so only those of the
+# Basic Multilingual Plane count.
+_DIGIT = r"(?:(?![\U00010000-\U0010FFFF])\d)"
+_DECIMAL_TEXT = re.compile(rf"[+-]?({_DIGIT}+\.?{_DIGIT}*|\.{_DIGIT}+)([eE][+-]?{_DIGIT}+)?")
+_INT32 = range(-(2**31), 2**31)
+# The largest n for which Java's BigInteger holds 10**n (its magnitude is at most 2**31 bits).
+_JAVA_MAX_POWER_OF_TEN = 646_456_992
 _BRACKETS_OUTSIDE_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 
 
@@ -136,11 +142,9 @@ class _Object(dict[str, Any]):
 
 
 def _parse_float(text: str) -> float:
-    """A number with a fraction or an exponent; more than 1,000 digits before the exponent is
-    malformed JSON, as for integers (Spark's parser counts the digits on both sides of the
-    point)."""
-    mantissa = text.partition("e")[0].partition("E")[0]
-    if sum(c.isdigit() for c in mantissa) > MAX_INTEGER_DIGITS:
+    """A number with a fraction or an exponent; more than 1,000 digits is malformed JSON, as for
+    integers (Spark's parser counts the digits on both sides of the point and the exponent's)."""
+    if sum(c.isdigit() for c in text) > MAX_INTEGER_DIGITS:
         raise ValueError(f"a number of more than {MAX_INTEGER_DIGITS:,} digits")
     return _Float(text)
 
@@ -162,6 +166,21 @@ def _loads(text: str) -> Any:
     with _recursion_room():
         return json.loads(text, parse_constant=_reject_constant, parse_int=_parse_int,
                           parse_float=_parse_float, object_pairs_hook=_Object)
+
+
+def _java_decimal_fits(text: str, scale: int) -> bool:
+    """Whether ``java.math.BigDecimal(text).setScale(scale, HALF_UP)`` answers (Spark's reading
+    of a DECIMAL): the text is a decimal number, its exponent and scale are 32-bit integers, and
+    the power of ten the rescale needs fits Java's BigInteger."""
+    match = _DECIMAL_TEXT.fullmatch(text)
+    if match is None:
+        return False
+    exponent = int(match[2][1:]) if match[2] else 0
+    mantissa = match[1]
+    fraction = len(mantissa.partition(".")[2])
+    if exponent not in _INT32 or fraction - exponent not in _INT32:
+        return False
+    return abs(fraction - exponent - scale) <= _JAVA_MAX_POWER_OF_TEN
 
 
 def _parse_int(digits: str) -> int:
@@ -346,13 +365,15 @@ def _convert(value: Any, dt: DataType) -> Any:
         except OverflowError:  # an integer literal beyond the doubles: as Spark, +-Infinity
             return math.inf if value > 0 else -math.inf
     if isinstance(dt, T.DecimalType):
-        # Spark takes a number, or a string its decimal parser reads: digits, a point and an
-        # exponent, no spaces, any commas ignored as grouping ("1,234.5"); rounded half up.
-        if isinstance(value, str) and _DECIMAL_TEXT.fullmatch(value.replace(",", "")):
+        # Spark takes a number, or a string with any commas dropped (grouping: "1,234.5"), as
+        # Java's BigDecimal reads it, and rounds it half up to the column's scale.
+        if isinstance(value, str):
             text = value.replace(",", "")
         elif isinstance(value, (int, float)):
             text = value.literal if isinstance(value, _Float) else str(value)
         else:
+            raise _Mismatch
+        if not _java_decimal_fits(text, dt.scale):
             raise _Mismatch
         try:  # room for any literal the parser takes (digits are bounded) at the column's scale
             number = Decimal(text).quantize(Decimal(1).scaleb(-dt.scale), rounding=ROUND_HALF_UP,

@@ -31,7 +31,8 @@ So a batch goes to pyarrow only if, checked over the whole batch at once:
 3. no payload contains ``NaN`` or ``Inf`` anywhere, nor a run of more than 1,000 digits (the
    decoder, like Spark's parser, calls such an integer malformed; pyarrow reads it, as
    ±Infinity into a DOUBLE or silently in a field it ignores) — in fact no run of more than
-   500 digits, since Spark's limit counts the digits on both sides of a number's point —
+   333 digits, since Spark's limit counts the digits before and after a number's point and
+   its exponent's, so a number of more than 1,000 holds such a run —
    inside strings too: an over-approximation that only sends more payloads the slow way; and
    no payload is longer than :data:`MAX_NAME_LENGTH` bytes (only such a payload can hold a
    field name Spark's parser refuses);
@@ -69,8 +70,8 @@ MAX_NAME_LENGTH = 50_000  # characters of a field name Spark's parser takes
 _CLASSES = bytes(ord("D") if b in b"0123456789" else ord(".") for b in range(256))
 _MINUS_ZERO_BITS = -(2**63)  # -0.0 as int64 bits: only the sign bit (1 / x is -inf for tiny x too)
 MAX_BRACKETS = 256  # Python's parser recurses up to ~1,000 levels (sys.getrecursionlimit())
-_LONG_RUN = b"D" * (MAX_INTEGER_DIGITS // 2 + 1)  # in classes: a run of over 500 digits
-_STEP = len(_LONG_RUN) // 2  # 250: the sample's stride (_may_hold_long_run)
+_LONG_RUN = b"D" * (MAX_INTEGER_DIGITS // 3 + 1)  # in classes: a run of over 333 digits
+_STEP = len(_LONG_RUN) // 2  # 167: the sample's stride (_may_hold_long_run)
 _SCAN_CHUNK = 1 << 20
 
 
@@ -163,8 +164,8 @@ def _screened(data: pa.Array) -> bool:
 
 def _scan(text: memoryview, chunk: int = _SCAN_CHUNK) -> int | None:
     """How many ``{`` and ``[`` ``text`` holds; None if it holds ``NaN``, ``Inf``, a line break
-    or a run of more than 500 digits (a number of more than 1,000 digits, its point anywhere,
-    holds one).
+    or a run of more than 333 digits (a number of more than 1,000 digits, counting its
+    fraction's and exponent's, holds one).
 
     A chunk at a time, each read with the next bytes a match starting in it can reach (a run's
     length), its brackets counted over its own bytes only: memchr-speed searches for the words
@@ -217,10 +218,10 @@ def _most_brackets(data: pa.Array, chunk: int = _SCAN_CHUNK) -> int:
 
 
 def _may_hold_long_run(piece: bytes) -> bool:
-    """False only if ``piece`` holds no run of over 500 digits. Such a run, from byte a, covers
-    the first multiple m of 250 at or after a (m <= a + 249) and m + 250 (<= a + 499), so the
-    bytes sampled every 250 show two digits in a row and the 251 bytes from m are all digits:
-    one slice of a 250th of the text, and a check of the rare candidates."""
+    """False only if ``piece`` holds no run of over 333 digits. Such a run, from byte a, covers
+    the first multiple m of 167 at or after a (m <= a + 166) and m + 167 (<= a + 333), so the
+    bytes sampled every 167 show two digits in a row and the 168 bytes from m are all digits:
+    one slice of a 167th of the text, and a check of the rare candidates."""
     samples = piece[::_STEP].translate(_CLASSES)
     at = samples.find(b"DD")
     while at >= 0:

@@ -140,13 +140,14 @@ def test_what_a_break_it_review_found_is_refused_or_agrees(arrow_type, spark_sch
         for payload in (b'{"d":' + digits + b"}", b'{"id":1,"x":' + digits + b"}"):
             assert decode_json(payload, True, spark_schema, decode) == (None, "malformed JSON")
             assert fast(arrow_type, payload) is None
-    # 1,000 digits: a number, -inf. A run of over 500 digits could be half of a number of over
-    # 1,000 digits with a point in it, which Spark's parser refuses too: payload by payload.
+    # 1,000 digits: a number, -inf. A run of over 333 digits could be a third of a number of over
+    # 1,000 digits with a point and an exponent, which Spark's parser refuses: payload by payload.
     payload = b'{"d":-' + b"1" * 1000 + b"}"
     want = decode_json(payload, True, spark_schema, decode)
     assert want[1] is None and want[0]["d"] == -math.inf
     assert fast(arrow_type, payload) is None
-    for number in (b"1" * 500 + b"." + b"1" * 501, b"1." + b"1" * 1000):  # 1,001 digits
+    for number in (b"1" * 500 + b"." + b"1" * 501, b"1." + b"1" * 1000,  # 1,001 digits
+                   b"1" * 334 + b"." + b"1" * 333 + b"e" + b"0" * 333 + b"1"):  # with its exponent
         payload = b'{"id":1,"x":' + number + b"}"
         assert decode_json(payload, True, spark_schema, decode) == (None, "malformed JSON")
         assert fast(arrow_type, payload) is None
@@ -333,7 +334,7 @@ def _scan_whole(text: bytes) -> int | None:
     """_scan's answer from the whole text at once, the obvious way."""
     if b"NaN" in text or b"Inf" in text or b"\n" in text or b"\r" in text:
         return None
-    if re.search(rb"[0-9]{501}", text):
+    if re.search(rb"[0-9]{334}", text):
         return None
     return text.count(b"{") + text.count(b"[")
 
@@ -344,11 +345,11 @@ def test_the_chunked_scan_answers_as_the_whole_text_would(seed):
     starting in it reaches) and no bracket is counted twice."""
     rng = random.Random(seed)
     parts = [b"{", b"[", b"x", b"N", b"a", b"NaN", b"Inf", b"In", b"\n", b"\r", b"7",
-             b"9" * 100, b"9" * 249, b"9" * 250, b"9" * 251, b"9" * 500, b'"', b"}", b"\xdb",
+             b"9" * 100, b"9" * 166, b"9" * 167, b"9" * 168, b"9" * 333, b'"', b"}", b"\xdb",
              b"\xfb", b"{" * 3]
     for _ in range(200):
         text = b"".join(rng.choice(parts) for _ in range(rng.randrange(0, 60)))
-        for chunk in (1, 2, 3, 7, 64, 250, 251, 1000):
+        for chunk in (1, 2, 3, 7, 64, 167, 168, 1000):
             assert _scan(memoryview(text), chunk) == _scan_whole(text), (text, chunk)
 
 
@@ -371,17 +372,17 @@ def test_the_most_brackets_of_a_payload_are_counted_as_one_by_one(seed):
                 assert most > MAX_BRACKETS, (payloads, chunk)
 
 
-def test_every_run_of_over_500_digits_is_found_wherever_it_starts():
-    # The runs are found from a sample every 250 bytes: every run length and offset around it.
-    for length in (250, 251, 252, 499, 500, 501, 502, 749, 750, 751, 1001):
-        for offset in range(0, 2 * 251):
+def test_every_run_of_over_333_digits_is_found_wherever_it_starts():
+    # The runs are found from a sample every 167 bytes: every run length and offset around it.
+    for length in (166, 167, 168, 332, 333, 334, 335, 500, 501, 502, 1001):
+        for offset in range(0, 2 * 168):
             text = b"{" + b"x" * offset + b"1" * length + b"x}"
-            assert _scan(memoryview(text)) == (None if length > 500 else 1), (length, offset)
+            assert _scan(memoryview(text)) == (None if length > 333 else 1), (length, offset)
 
 
 def test_a_long_run_or_a_word_across_the_real_chunk_boundary_is_found():
     chunk = 1 << 20
-    for tail, expected in ((b"9" * 501, None), (b"9" * 500, 0), (b"NaN", None),
+    for tail, expected in ((b"9" * 334, None), (b"9" * 333, 0), (b"NaN", None),
                            (b"Inf", None), (b"\n", None)):
         for before in range(len(tail) + 1):  # the boundary at every byte of the tail
             text = b"x" * (chunk - before) + tail + b"x" * 10
