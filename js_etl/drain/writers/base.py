@@ -9,13 +9,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from js_etl.delta.table import CommitTag
+
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import SparkSession
 
     from js_etl.config import JobConfig
     from js_etl.decode.spark import Decoder
-    from js_etl.delta.table import CommitTag, DeltaTarget
+    from js_etl.delta.table import DeltaTarget
     from js_etl.drain.fetch import FetchPlan
     from js_etl.drain.rounds import RoundStats
 
@@ -38,8 +40,6 @@ class WriteContext:
         return self.config.source.stream
 
     def tag(self, round_no: int, stats: RoundStats) -> CommitTag:
-        from js_etl.delta.table import CommitTag
-
         return CommitTag(self.config.job_id, self.run_id, round_no, self.ack_prefix,
                          stats.first, stats.last)
 
