@@ -16,6 +16,7 @@ import pytest
 
 from js_etl.demo.server import LocalNatsServer
 from js_etl.jetstream import ConnectionOptions, JetStreamSession
+from tools.object_store import LocalS3Server
 
 os.environ["TZ"] = "UTC"  # collect() returns naive datetimes in the process's local zone
 # The JVMs the tests start (this process's SparkSession and every spark-submit and `js-etl drain`
@@ -100,6 +101,30 @@ def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalNatsS
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalS3Server]:
+    """One real S3-compatible store (SeaweedFS, tools/object_store.py) on free 127.0.0.1 ports,
+    started by the first test that asks for it."""
+    server = LocalS3Server(tmp_path_factory.mktemp("s3"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3(s3_server: LocalS3Server, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A new bucket of its own; the test's process reaches the store through the AWS_*
+    variables js-etl reads (a ``js-etl drain`` it starts inherits them). Returns
+    ``s3://<bucket>``."""
+    bucket = f"js-etl-{os.getpid()}-{next(_counter)}"
+    s3_server.create_bucket(bucket)
+    for name, value in s3_server.environment().items():
+        monkeypatch.setenv(name, value)
+    return f"s3://{bucket}"
 
 
 @pytest.fixture

@@ -4,15 +4,16 @@ written a row group at a time, with the Delta statistics data skipping needs."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from js_etl.delta.store import TableFiles
 from js_etl.schema import dead_letter_arrow
 
 _STATS_COLUMNS = ("seq", "consumer_seq", "num_delivered")
@@ -55,10 +56,13 @@ class TaskFiles:
     back from its files has every row column."""
 
     def __init__(self, directory: str, dead_letter_directory: str,
-                 partitions: tuple[PartitionColumn, ...], name: str) -> None:
-        # Rows go to ``directory``, dead letters to ``dead_letter_directory``; every file's
-        # name starts with ``name``.
-        self._directory, self._dead_directory = directory, dead_letter_directory
+                 partitions: tuple[PartitionColumn, ...], name: str,
+                 storage: Mapping[str, str] | None = None) -> None:
+        # Rows go to ``directory``, dead letters to ``dead_letter_directory`` (roots: local or
+        # object-store, reached with ``storage``, see TableFiles); every file's name starts
+        # with ``name``.
+        self._directory = TableFiles(directory, storage)
+        self._dead_directory = TableFiles(dead_letter_directory, storage)
         self._partitions, self._name = partitions, name
         self._files: dict[tuple[Any, ...], _OpenFile] = {}
         self._written: list[WrittenFile] = []
@@ -70,9 +74,9 @@ class TaskFiles:
 
     def __exit__(self, *failure: object) -> None:
         for file in self._files.values():  # after a failure: the attempt's files stay unnamed
-            file.writer.close()
+            file.abandon()
         if self._dead is not None:
-            self._dead.writer.close()
+            self._dead.abandon()
 
     def add_dead_letters(self, rows: pa.RecordBatch) -> None:
         if self._dead is None:
@@ -149,14 +153,14 @@ MAX_OPEN_FILES = 100
 class _OpenFile:
     """One Parquet file being written, and the Delta statistics of what it holds so far."""
 
-    def __init__(self, directory: str, path: str, partition_values: dict[str, str | None],
+    def __init__(self, files: TableFiles, path: str, partition_values: dict[str, str | None],
                  schema: pa.Schema) -> None:
         import pyarrow.parquet as pq
 
         self.path, self.partition_values = path, partition_values
-        self.full = os.path.join(directory, path)
-        os.makedirs(os.path.dirname(self.full), exist_ok=True)
-        self.writer = pq.ParquetWriter(self.full, schema, compression="snappy")
+        self._files = files
+        self._sink = self._files.open_output(path)
+        self.writer = pq.ParquetWriter(self._sink, schema, compression="snappy")
         self.pending: list[pa.RecordBatch] = []  # rows not yet written
         self.pending_bytes = 0
         self.stats = _Stats()
@@ -170,8 +174,14 @@ class _OpenFile:
 
         self.flush()
         self.writer.close()
-        return WrittenFile(self.path, os.stat(self.full).st_size, self.partition_values,
+        self._sink.close()
+        return WrittenFile(self.path, self._files.size(self.path), self.partition_values,
                            int(time.time() * 1000), self.stats.to_json(), self.stats.rows)
+
+    def abandon(self) -> None:
+        """Close after a failure: what was written stays, named by no commit."""
+        self.writer.close()
+        self._sink.close()
 
     def flush(self) -> None:
         if not self.pending:

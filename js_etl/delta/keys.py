@@ -19,7 +19,7 @@ def range_keys(spark: SparkSession, table: DeltaTarget, stream: str, first: int,
     ``stream`` in ``first..last``, as Arrow on the driver; None when no file can hold one.
 
     Read by ``deltalake`` on the driver from the files the log names where those are the rows
-    (:meth:`LocalView.reads_files_as_rows`: reader protocol 1, no key column a partition
+    (:meth:`TableView.reads_files_as_rows`: reader protocol 1, no key column a partition
     column), else through Delta by Spark, which plans the scan with Delta's data skipping
     (``inputFiles``) and reads. Either way the files are chosen by their ``seq`` statistics, so
     a round's range that no file holds yet, the common case, costs no Spark job: on small rounds

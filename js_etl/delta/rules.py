@@ -7,6 +7,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
@@ -61,7 +62,9 @@ def location_problem(location: str) -> str | None:
     """Why a table at ``location`` needs the Spark writer whatever it holds, or None."""
     directory = local_directory(location)
     if directory is None:
-        return f"the table is not on the local file system ({location})"
+        if object_store_url(location):
+            return None
+        return f"the table is neither on the local file system nor on S3 ({location})"
     if "%" in directory:
         return f"the table's path holds '%', which deltalake reads as an escape ({directory})"
     return None
@@ -104,6 +107,16 @@ def unwritable(reader_version: int, writer_version: int, configuration: Mapping[
         return ("the table has column rules (an invariant, a generated, default or identity "
                 "column)")
     return None
+
+
+# Object stores js-etl writes to: both spellings of S3 (Spark's Hadoop connector is s3a://).
+OBJECT_STORE_SCHEMES = frozenset({"s3", "s3a"})
+
+
+def object_store_url(location: str) -> str | None:
+    """``location`` as an object-store URL without a trailing slash, or None."""
+    scheme = urlparse(location).scheme.lower()
+    return location.rstrip("/") if scheme in OBJECT_STORE_SCHEMES else None
 
 
 def local_directory(location: str) -> str | None:

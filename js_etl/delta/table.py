@@ -34,7 +34,8 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import unquote
 
-from js_etl.delta.rules import TableShape, local_directory, unwritable
+from js_etl.delta.rules import TableShape, local_directory, object_store_url, unwritable
+from js_etl.delta.store import TableFiles, table_root
 from js_etl.errors import TerminalError, TransientError
 from js_etl.schema import REQUIRED_COLUMNS
 from js_etl.spark.session import hadoop_path, java_class
@@ -96,7 +97,7 @@ class DeltaTarget:
             return bool(spark.catalog.tableExists(self.table))
         return _deltalake_table(self.location(spark)) is not None or self._delta_finds_path(spark)
 
-    def exists_with_view(self, spark: SparkSession) -> tuple[bool, LocalView | None]:
+    def exists_with_view(self, spark: SparkSession) -> tuple[bool, TableView | None]:
         """``(exists(), deltalake's view of the table or None)``, deltalake opening it once:
         for callers that read the table through deltalake where it can."""
         if self.table and not self.exists(spark):
@@ -108,6 +109,8 @@ class DeltaTarget:
         from delta.tables import DeltaTable
 
         assert self.path is not None  # a target is a table or a path (TargetConfig checks)
+        if object_store_url(self.path):  # no Hadoop connector needed to look at its log
+            return _holds_a_commit(spark, self.path)
         return bool(DeltaTable.isDeltaTable(spark, self.path))
 
     def delta_table(self, spark: SparkSession) -> Any:
@@ -124,7 +127,10 @@ class DeltaTarget:
         what the driver opens itself — the lock's files, the columnar writer's directory,
         deltalake's view — is the directory Delta reads, whatever the default file system and
         the JVM's working directory (unqualified, a scheme-less path on an HDFS cluster would be
-        the driver's local disk to deltalake and the lock)."""
+        the driver's local disk to deltalake and the lock). An object-store URL is taken as it
+        is: what reads it there is deltalake, obstore, or Spark's connector for its scheme."""
+        if self.path and object_store_url(self.path):
+            return object_store_url(self.path) or ""
         if self.path:
             path, fs = hadoop_path(spark, self.path)
             return str(fs.makeQualified(path).toString()).rstrip("/")
@@ -337,7 +343,7 @@ class DeltaTarget:
         try:
             found = self._tagged(spark, range(version, -1, -1),
                                  lambda tag: tag.job == job and tag.round == round_no)
-        except Py4JJavaError:  # FileNotFoundException: the log file was cleaned up
+        except (Py4JJavaError, FileNotFoundError):  # the log file was cleaned up
             found = None
         return (found[1].first_seq, found[1].last_seq) if found else (1, EVERY_SEQ)
 
@@ -421,10 +427,11 @@ def _norm_path(path: str | None) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class LocalView:
-    """``deltalake``'s view of the latest version of a table in a local directory."""
+class TableView:
+    """``deltalake``'s view of the latest version of a table in a local directory or an object
+    store (:func:`~js_etl.delta.store.table_root`)."""
 
-    directory: str
+    root: str
     table: Any  # deltalake.DeltaTable
 
     def spark_schema(self) -> StructType:
@@ -459,33 +466,39 @@ class LocalView:
         # A Delta path is an escaped URI reference (Spark's directory for the partition value
         # "a/b c" is "kind=a%2Fb c" on disk, "kind=a%252Fb%20c" in the log); absolute when the
         # file lies elsewhere.
-        paths = [local_directory(p) or p if ":" in p.split("/")[0]
-                 else os.path.join(self.directory, unquote(p))
+        paths = [_relative(self.root, p) if ":" in p.split("/")[0] else unquote(p)
                  for p in files.column("path").to_pylist()]
         if not paths:
             return None
         in_range = ((ds.field("stream") == stream) & (ds.field("seq") >= first)
                     & (ds.field("seq") <= last))
-        return ds.dataset(paths, format="parquet").to_table(columns=list(columns),
-                                                            filter=in_range)
+        return TableFiles(self.root).parquet_dataset(paths).to_table(columns=list(columns),
+                                                                     filter=in_range)
 
 
-def _deltalake_table(location: str) -> LocalView | None:
-    """``deltalake``'s view of the latest version of a table in a local directory, or None
-    (elsewhere, or a table it cannot read): where it reads the table, it reads the same log as
-    Spark's snapshot without the Spark job that snapshot runs to gather the application
-    transactions (docs/design/driver-reads.md)."""
+def _relative(root: str, path: str) -> str:
+    """An absolute path of the log as a path under the table's root (local: the file's own)."""
+    directory = local_directory(path)
+    if directory is not None:
+        return os.path.relpath(directory, root) if local_directory(root) else directory
+    return path.removeprefix(root + "/")
+
+
+def _deltalake_table(location: str) -> TableView | None:
+    """``deltalake``'s view of the latest version of a table in a local directory or an object
+    store, or None (elsewhere, or a table it cannot read): where it reads the table, it reads
+    the same log as Spark's snapshot without the Spark job that snapshot runs to gather the
+    application transactions (docs/design/driver-reads.md)."""
     from deltalake import DeltaTable
     from deltalake.exceptions import DeltaError
 
-
-    directory = local_directory(location)
+    root = table_root(location)
     # deltalake lists the directory it is given but reads a %XX in it as an escape (next to
     # "a b", a table in "a%20b" was read partly from "a b"): Spark reads those.
-    if directory is None or "%" in directory:
+    if root is None or "%" in root:
         return None
     try:
-        return LocalView(directory, DeltaTable(directory))
+        return TableView(root, DeltaTable(root))
     # DeltaError: e.g. a reader feature deltalake does not support (Spark's snapshot reads it);
     # OSError: the path is a regular file.
     except (DeltaError, OSError):
@@ -493,7 +506,10 @@ def _deltalake_table(location: str) -> LocalView | None:
 
 
 def _list_dir(spark: SparkSession, path: str) -> list[str]:
-    """Names in directory ``path`` through Hadoop's FileSystem ([] if it does not exist)."""
+    """Names in directory ``path`` ([] if it does not exist): through the object store's client
+    for its URL, else Hadoop's FileSystem."""
+    if object_store_url(path):
+        return TableFiles(path.rstrip("/")).names("")
     hpath, fs = hadoop_path(spark, path)
     if not fs.exists(hpath) or not fs.getFileStatus(hpath).isDirectory():
         return []
@@ -509,8 +525,15 @@ def _holds_a_commit(spark: SparkSession, path: str) -> bool:
 
 
 def log_actions(spark: SparkSession, location: str, version: int) -> list[dict[str, Any]]:
-    """The actions of commit ``version``, read from its log file on the driver through Hadoop's
-    FileSystem (any store Spark can write; no Spark job)."""
+    """The actions of commit ``version``, read from its log file on the driver (no Spark job):
+    through the object store's client for its URL, else Hadoop's FileSystem (any store Spark can
+    write). Raises FileNotFoundError (or Py4JJavaError, through Hadoop) when it is gone."""
+    if object_store_url(location):
+        name = f"_delta_log/{version:020d}.json"
+        data = TableFiles(location).read(name)
+        if data is None:
+            raise FileNotFoundError(f"{location}/{name}")
+        return [json.loads(line) for line in data.decode().splitlines() if line.strip()]
     path, fs = hadoop_path(spark, f"{location}/_delta_log/{version:020d}.json")
     stream = fs.open(path)
     try:
@@ -575,7 +598,7 @@ def files_holding_seqs(files: pa.Table, first: int, last: int) -> pa.Table:
     """The add actions (``deltalake``'s ``get_add_actions(flatten=True)``) of the files that may
     hold a ``seq`` in ``first..last``: those whose ``seq`` statistics overlap the range, and
     every file without them. Callers check that the files' statistics and columns are the
-    table's (:meth:`LocalView.reads_files_as_rows`)."""
+    table's (:meth:`TableView.reads_files_as_rows`)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 

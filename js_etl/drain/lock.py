@@ -5,8 +5,9 @@ keeps out a second writer of the same consumer name into one table from elsewher
 account or server). A run takes ``<table>/_js_etl/<consumer>.lock`` before its fence and holds it
 to the end. Delta ignores ``_``-prefixed folders, so the lock lives beside the data it protects.
 
-Creation is atomic: ``O_CREAT|O_EXCL`` on local paths; Hadoop ``create(overwrite=false)``
-elsewhere (atomic on HDFS and ABFS; on S3 only with conditional writes enabled — see README).
+Creation is atomic: ``O_CREAT|O_EXCL`` on local paths, a PUT with ``If-None-Match: *`` on an
+object store (s3://, s3a://), Hadoop ``create(overwrite=false)`` elsewhere (atomic on HDFS and
+ABFS).
 
 When is a lock stale, so that a new run may take it over?
 
@@ -30,6 +31,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
+from js_etl.delta.rules import object_store_url
+from js_etl.delta.store import TableFiles
 from js_etl.durable.owner import LockOwner
 from js_etl.errors import RunRefusedError, TerminalError
 from js_etl.spark.session import hadoop_path, java_class
@@ -141,7 +144,30 @@ def _files_for(spark: SparkSession, path: str) -> Any:
     parsed = urlparse(path)
     if parsed.scheme in ("", "file"):
         return _LocalFile(Path(parsed.path if parsed.scheme else path))
+    if object_store_url(path):
+        return _StoreFile(path)
     return _HadoopFile(spark, path)
+
+
+class _StoreFile:
+    """The same operations on an object store: creation is a PUT with ``If-None-Match: *``."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        folder, self._name = path.rsplit("/", 1)
+        self._files = TableFiles(folder)
+
+    def create_exclusive(self, data: bytes) -> bool:
+        return self._files.create(self._name, data)
+
+    def read(self) -> bytes | None:
+        return self._files.read(self._name)
+
+    def replace(self, data: bytes) -> None:
+        self._files.replace(self._name, data)
+
+    def delete(self) -> None:
+        self._files.remove(self._name)
 
 
 class _LocalFile:

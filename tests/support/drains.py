@@ -55,34 +55,51 @@ def setup_stream(js: JetStreamSession, names: Any, messages: list[Any], **consum
     publish_and_wait(js, names, messages)
 
 
-def overrides(names: Any, url: str, table: Path, *extra: str) -> list[str]:
+def overrides(names: Any, url: str, table: Path | str, *extra: str) -> list[str]:
     return [f"nats.servers={url}", f"source.stream={names.stream}",
             f"source.consumer={names.consumer}", f"target.path={table}",
             "decode.format=json", f"decode.schema={SCHEMA}", "fetch.partitions=2",
             "fetch.batch=100", "fetch.pull_timeout=1", *extra]
 
 
-def config_for(names: Any, url: str, table: Path, *extra: str) -> Any:
+def config_for(names: Any, url: str, table: Path | str, *extra: str) -> Any:
     return load_config(None, overrides(names, url, table, *extra), environ={})
 
 
-def assert_exactly_once(spark: Any, js: JetStreamSession, names: Any, table: Path,
+def assert_exactly_once(spark: Any, js: JetStreamSession, names: Any, table: Path | str,
                         good: list[int], bad: list[int]) -> None:
-    def seqs(path: Path) -> list[int]:
-        if not (path / "_delta_log").exists():
-            return []
-        rows = spark.read.format("delta").load(str(path)).where(f"stream = '{names.stream}'")
-        return sorted(r.seq for r in rows.select("seq").collect())
-
-    assert seqs(table) == sorted(good), "table must hold every good message exactly once"
-    dead = seqs(Path(f"{table}_dead_letters"))
-    assert sorted(dead) == bad, "dead letters must be exactly the poison messages"
+    """``table`` (a local path, or an s3:// URL read by deltalake with the process's AWS_*
+    variables) holds every good message once, its dead-letter table every poison one, and the
+    consumer has nothing pending or unacked."""
+    assert table_seqs(spark, names, str(table)) == sorted(good), \
+        "table must hold every good message exactly once"
+    dead = table_seqs(spark, names, f"{table}_dead_letters")
+    assert dead == bad, "dead letters must be exactly the poison messages"
     # Read once, no settling: a run returns only after the server confirmed applying its acks.
     info = js.consumer_info(names.stream, names.consumer)
     assert (info.num_pending, info.num_ack_pending) == (0, 0)
 
 
-def drain_process(names: Any, url: str, table: Path, fault: str | None, marker: str,
+def table_seqs(spark: Any, names: Any, table: str) -> list[int]:
+    """The sorted seqs of ``names.stream`` a table holds ([] where there is no table)."""
+    if table.startswith("s3://"):
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            rows = DeltaTable(table).to_pyarrow_table(columns=["stream", "seq"])
+        except TableNotFoundError:
+            return []
+        return sorted(s for st, s in zip(rows.column("stream").to_pylist(),
+                                         rows.column("seq").to_pylist(), strict=True)
+                      if st == names.stream)
+    if not (Path(table) / "_delta_log").exists():
+        return []
+    rows = spark.read.format("delta").load(table).where(f"stream = '{names.stream}'")
+    return sorted(r.seq for r in rows.select("seq").collect())
+
+
+def drain_process(names: Any, url: str, table: Path | str, fault: str | None, marker: str,
                   *extra: str, gate: Path | None = None) -> subprocess.Popen[str]:
     env = {**os.environ, "TZ": "UTC", "JS_ETL_TEST_MARKER": marker,
            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}

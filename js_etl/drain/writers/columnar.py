@@ -30,7 +30,6 @@ The measurements behind these choices: ``docs/design/columnar-writer.md``.
 from __future__ import annotations
 
 import functools
-import os
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -38,7 +37,8 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from js_etl.delta.keys import no_keys, range_keys
-from js_etl.delta.rules import local_directory, location_problem, table_problem
+from js_etl.delta.rules import location_problem, table_problem
+from js_etl.delta.store import TableFiles, table_root
 from js_etl.delta.table import DeltaTarget, create_empty, create_table, needs_spark_to_create
 from js_etl.drain.fetch import FetchPlan
 from js_etl.drain.rounds import RoundStats
@@ -211,9 +211,11 @@ class ColumnarWriter(Writer):
         else the table's)."""
         spark = self.context.spark
         # Spark reads a path as a glob pattern: a table directory named t[1] matched nothing.
-        directory = re.sub(r"([\\\[\]{}*?])", r"\\\1", directory or self.plan.directory)
+        root = directory or self.plan.directory
+        escaped = re.sub(r"([\\\[\]{}*?])", r"\\\1", root)
+        prefix = escaped if TableFiles(root).remote else f"file://{escaped}"
         reader = spark.read if schema is None else spark.read.schema(schema)
-        return reader.parquet(*[f"file://{directory}/{f.path}" for f in files])
+        return reader.parquet(*[f"{prefix}/{f.path}" for f in files])
 
     def _read_dead_letters(self, output: RoundOutput) -> DataFrame:
         """The round's dead letters as ROUND_DDL rows (the payload's bytes as decode.flag
@@ -229,11 +231,9 @@ class ColumnarWriter(Writer):
     @staticmethod
     def _remove(files: Iterable[WrittenFile], directory: str) -> None:
         """Delete task files (their paths relative to ``directory``)."""
+        where = TableFiles(directory)
         for f in files:
-            try:
-                os.remove(os.path.join(directory, f.path))
-            except FileNotFoundError:
-                pass
+            where.remove(f.path)
 
 
 def open_columnar(context: WriteContext, spark_writer: SparkWriter) -> ColumnarWriter | str:
@@ -276,9 +276,9 @@ def _create(spark: SparkSession, table: DeltaTarget, location: str, rows: Struct
         if needs_spark_to_create(rows, conf_keys()):
             create_empty(table, spark.createDataFrame([], rows), names)
         else:
-            directory = local_directory(location)
-            assert directory is not None  # location_problem accepted it
-            create_table(directory, rows, names)
+            root = table_root(location)
+            assert root is not None  # location_problem accepted it
+            create_table(root, rows, names)
     except Exception:
         if not table.exists(spark):  # else another first run created it
             raise
@@ -298,7 +298,7 @@ def _dead_letters_as_files(spark: SparkSession, table: DeltaTarget,
     location = table.location(spark)
     if _table_problem(spark, table, location, rows, [], exists, conf_keys):
         return None
-    return local_directory(location)
+    return table_root(location)
 
 
 def _session_conf_keys(spark: SparkSession) -> list[str]:

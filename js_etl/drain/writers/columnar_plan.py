@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from js_etl.delta.files import PartitionColumn
-from js_etl.delta.rules import local_directory
+from js_etl.delta.store import TableFiles, store_options, table_root
 from js_etl.schema import DEAD_LETTER, ORIGIN_COLUMNS, RAW_DDL, ddl
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ _PARTITION_TYPES = ("bigint", "int", "string", "boolean")
 class ColumnarPlan:
     """What a fetch task needs to decode and write. Picklable: it travels to the executors."""
 
-    directory: str  # the table's local directory
+    directory: str  # the table's root: its local directory or object-store URL
     decode: DecodeConfig
     payload_json: str  # decode.schema as Spark's StructType JSON
     partitions: tuple[PartitionColumn, ...]
@@ -66,6 +66,8 @@ class ColumnarPlan:
     # The dead-letter table's directory, where the tasks' dead-letter files are committed as
     # they are; None: they go to ``directory``'s top level, for Spark's append to read.
     dead_letter_directory: str | None
+    # How the tasks reach an object-store table (store_options: its credentials): never shown.
+    storage: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @property
     def dead_letter_files(self) -> str:
@@ -165,12 +167,13 @@ def columnar_plan(location: str, config: JobConfig, run_id: str,
                   dead_letter_directory: str | None) -> ColumnarPlan:
     """The plan of a job :func:`config_problem`, :func:`location_problem` and
     :func:`table_problem` accepted."""
-    directory = local_directory(location)
+    directory = table_root(location)
     assert directory is not None  # location_problem accepted it
     payload = _payload_type(config.decode)
     return ColumnarPlan(directory, config.decode, payload.json(),
                         _partition_columns(config, payload), config.source.max_deliver,
-                        f"part-{run_id}", dead_letter_directory)
+                        f"part-{run_id}", dead_letter_directory,
+                        store_options() if TableFiles(directory).remote else {})
 
 
 def _partition_columns(config: JobConfig, payload: StructType) -> tuple[PartitionColumn, ...]:

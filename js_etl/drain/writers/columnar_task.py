@@ -76,7 +76,7 @@ def fetch_decode_write(fetch: FetchPlan, plan: ColumnarPlan, round_no: int,
     task = context.partitionId() if context is not None else 0
     dead_bytes = 0
     with TaskFiles(plan.directory, plan.dead_letter_files, plan.partitions,
-                   f"{plan.file_prefix}-r{round_no}-t{task}") as files:
+                   f"{plan.file_prefix}-r{round_no}-t{task}", plan.storage) as files:
         # Late binding wanted: the fetch asks before each pull what is held by then.
         for raw in fetch_partition(fetch, elements, held=lambda: dead_bytes):  # noqa: B023
             decoded = decoder(raw)

@@ -1,0 +1,142 @@
+"""Tables on a real S3-compatible store (SeaweedFS, started by the tests: tools/object_store.py):
+the drain's guarantees where its table lives in a bucket, reached only through the AWS_*
+variables of the process (the ``s3`` fixture: a bucket per test)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from typing import Any
+
+import pytest
+from drains import (
+    assert_exactly_once,
+    assert_no_process_left,
+    config_for,
+    drain_process,
+    events,
+    setup_stream,
+    table_seqs,
+)
+from streams import publish_and_wait
+
+from js_etl.delta.store import TableFiles
+from js_etl.drain.lock import TableLock
+from js_etl.drain.run import run_drain
+from js_etl.errors import RunRefusedError
+from js_etl.jetstream import ConsumerConfig
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_drain_into_an_s3_table_takes_every_message_once_on_the_columnar_writer(
+        spark, js, names, nats_server, s3):
+    messages, good, bad = events(names, 700, poison_every=97)
+    setup_stream(js, names, messages)
+    table = f"{s3}/events"
+
+    report = run_drain(spark, config_for(names, nats_server.url, table))
+
+    assert report.writer == "columnar", report.writer_note
+    assert_exactly_once(spark, js, names, table, good, bad)
+    # Every file the log names is in the bucket, under the table (no local directory used).
+    from deltalake import DeltaTable
+
+    files = TableFiles(table)
+    uris = DeltaTable(table).file_uris()
+    assert uris and all(uri.startswith(table + "/") for uri in uris)
+    assert all(files.size(uri.removeprefix(table + "/")) > 0 for uri in uris)
+    assert files.names("_js_etl") == []  # the run's lock is gone with the run
+
+
+@pytest.mark.parametrize("fault", ["kill_after_fetch", "kill_after_commit", "kill_mid_ack"])
+def test_a_drain_killed_at_each_point_of_an_s3_round_recovers_exactly_once(
+        fault, spark, js, names, nats_server, s3):
+    """SIGKILL of a real ``js-etl drain`` after the fetch, after the commit and in the middle of
+    the acks of an S3 table's round; the next run leaves every message in it once."""
+    messages, good, bad = events(names, 600, poison_every=97)
+    setup_stream(js, names, messages)
+    table = f"{s3}/events"
+    marker = uuid.uuid4().hex
+
+    proc = drain_process(names, nats_server.url, table, fault, marker)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == -9, f"expected SIGKILL at {fault}, got {proc.returncode}: {err[-800:]}"
+    assert_no_process_left(marker)
+
+    report = run_drain(spark, config_for(names, nats_server.url, table))
+
+    if fault == "kill_after_fetch":
+        assert report.released_at_start > 0
+    else:
+        assert report.reacked_at_start > 0  # committed, not acked: the fence acks it
+    assert_exactly_once(spark, js, names, table, good, bad)
+
+
+def test_two_consumers_draining_into_one_new_s3_table_at_once_lose_no_commit(
+        spark, js, names, nats_server, s3):
+    """Two runs (two durable consumers on disjoint subjects) create and append to one new S3
+    table at the same moment: deltalake's conditional PUT makes one of each pair of concurrent
+    commits lose and retry, so both runs' rows are there once."""
+    js.run(js.admin.add_stream(names.stream, [names.subject]))
+    for consumer, subject in (("left", "l"), ("right", "r")):
+        js.run(js.admin.create_consumer(names.stream, ConsumerConfig(
+            durable_name=consumer, filter_subjects=(f"{names.prefix}.{subject}",),
+            ack_wait=300)))
+    publish_and_wait(js, names, [(f"{names.prefix}.{'l' if i % 2 else 'r'}",
+                                  json.dumps({"id": i}).encode()) for i in range(800)])
+    table = f"{s3}/shared"
+    start = threading.Barrier(2)
+    reports: dict[str, Any] = {}
+
+    def drain(consumer: str) -> None:
+        config = config_for(names, nats_server.url, table, f"source.consumer={consumer}",
+                            f"target.dead_letter_path={table}_{consumer}_dead", "fetch.batch=50")
+        start.wait()
+        reports[consumer] = run_drain(spark, config)
+
+    threads = [threading.Thread(target=drain, args=(c,)) for c in ("left", "right")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert set(reports) == {"left", "right"}, "a run failed: see its log"
+    assert table_seqs(spark, names, table) == list(range(1, 801))
+    for consumer in ("left", "right"):
+        info = js.consumer_info(names.stream, consumer)
+        assert (info.num_pending, info.num_ack_pending) == (0, 0)
+
+
+def test_the_lock_on_s3_lets_one_run_in_and_refuses_the_second(spark, s3):
+    """The run's lock on an object store is a PUT with If-None-Match: a second run of the
+    consumer finds it held and is refused; once released it can be taken."""
+    location = f"{s3}/locked"
+    first = TableLock(spark, location, "c1", "run-1").acquire()
+    try:
+        with pytest.raises(RunRefusedError, match="another run holds this consumer"):
+            TableLock(spark, location, "c1", "run-2").acquire()
+        assert TableFiles(location).names("_js_etl") == ["c1.lock"]
+    finally:
+        first.release()
+    with TableLock(spark, location, "c1", "run-3"):
+        assert b"run-3" in (TableFiles(location).read("_js_etl/c1.lock") or b"")
+
+
+def test_two_commits_made_on_one_snapshot_of_an_s3_table_both_land(s3):
+    """What makes several writers of one S3 table safe: two deltalake writers that read the same
+    version both commit the next one; the store refuses the second PUT of that log file
+    (If-None-Match), and the loser commits at the version after, instead of replacing it."""
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+
+    table = f"{s3}/raced"
+    write_deltalake(table, pa.table({"n": [0]}))
+    first, second = DeltaTable(table), DeltaTable(table)  # both at version 0
+
+    write_deltalake(first, pa.table({"n": [1]}), mode="append")
+    write_deltalake(second, pa.table({"n": [2]}), mode="append")
+
+    latest = DeltaTable(table)
+    assert latest.version() == 2
+    assert sorted(latest.to_pyarrow_table().column("n").to_pylist()) == [0, 1, 2]
