@@ -94,6 +94,7 @@ from js_etl.source.read_range import (
     resolve_sequences,
     split_range,
 )
+from js_etl.spark.session import configure_s3a
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -244,6 +245,7 @@ class Backfill:
         from pyspark.sql import functions as F
 
         started = time.monotonic()
+        configure_s3a(spark)
         planned_before = self._plan is not None  # the CLI plans before it starts Spark
         decode = self.config.decode
         decoder = Decoder(decode.format, decode.schema, keep_raw=decode.keep_raw,  # before any pull

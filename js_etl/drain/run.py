@@ -78,6 +78,7 @@ from js_etl.jetstream import (
 from js_etl.report import LogProgress, Progress, RunReport, StopReason
 from js_etl.schema import RAW_DDL
 from js_etl.spark.failures import is_transient
+from js_etl.spark.session import configure_s3a
 
 if TYPE_CHECKING:
     from typing import Any
@@ -142,6 +143,7 @@ class Drain:
 
     def run(self) -> RunReport:
         started = time.monotonic()
+        configure_s3a(self.spark)
         with self.report.phase("connect"):
             js = JetStreamSession(self.options)
         with js:

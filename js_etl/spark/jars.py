@@ -1,16 +1,21 @@
-"""Delta's JVM jars, resolved from Maven Central once into a jars folder and reused offline.
+"""Delta's JVM jars, and Hadoop's S3A connector, resolved from Maven Central once into a jars
+folder and reused offline.
 
 ``configure_spark_with_delta_pip`` would resolve through Ivy on every session start (network
 each time) and asks for ``delta-spark_4.2_2.13:<python package version>``. We resolve once with
 Maven and keep only the artifacts pyspark does not already ship: Spark's own classes are loaded
 parent-first, so duplicates (older jackson, parquet, hadoop) would only be dead weight.
 
+S3A (``s3a://`` tables on Spark's writer) is ``hadoop-aws`` of pyspark's Hadoop with the AWS SDK
+modules it calls, not the SDK's 686 MB ``bundle`` jar its POM names: the ``s3``,
+``s3-transfer-manager`` and ``sts`` modules of the SDK version that hadoop-aws was built with.
+
 The jars folder (:func:`default_jar_dir`), first that applies:
 
 1. ``$JS_ETL_JARS_DIR`` — a folder of jars you provide (or want them resolved into);
-2. ``<repository>/.jars/delta-<version>`` when js_etl runs from its source checkout
+2. ``<repository>/.jars/<JARS_NAME>`` when js_etl runs from its source checkout
    (``pip install -e``; git-ignored);
-3. ``${XDG_CACHE_HOME:-~/.cache}/js-etl/jars/delta-<version>``, a per-user cache, for an
+3. ``${XDG_CACHE_HOME:-~/.cache}/js-etl/jars/<JARS_NAME>``, a per-user cache, for an
    installed wheel.
 
     python -m js_etl.spark.jars            # resolve (idempotent), print the jar paths
@@ -30,28 +35,42 @@ from js_etl.errors import TerminalError
 
 DELTA_VERSION = "4.4.0"  # newest delta-spark_4.2_2.13 on Maven Central (there is no 4.4.1 jar)
 DELTA_ARTIFACT = f"io.delta:delta-spark_4.2_2.13:{DELTA_VERSION}"
+HADOOP_AWS_VERSION = "3.5.0"  # the Hadoop of pyspark 4.2.0 (hadoop-client-api-3.5.0.jar)
+AWS_SDK_VERSION = "2.35.4"  # the AWS SDK hadoop-aws 3.5.0 was built with
+JARS_NAME = f"delta-{DELTA_VERSION}-s3a-{HADOOP_AWS_VERSION}"
 _MARKER = "RESOLVED"
 
-_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+_POM = f"""<project xmlns="http://maven.apache.org/POM/4.0.0">
   <modelVersion>4.0.0</modelVersion>
   <groupId>js-etl</groupId><artifactId>delta-jars</artifactId><version>1</version>
-  <dependencies><dependency>
-    <groupId>{g}</groupId><artifactId>{a}</artifactId><version>{v}</version>
-  </dependency></dependencies>
+  <dependencies>
+    <dependency><groupId>io.delta</groupId><artifactId>delta-spark_4.2_2.13</artifactId>
+      <version>{DELTA_VERSION}</version></dependency>
+    <dependency><groupId>org.apache.hadoop</groupId><artifactId>hadoop-aws</artifactId>
+      <version>{HADOOP_AWS_VERSION}</version>
+      <exclusions><exclusion><groupId>software.amazon.awssdk</groupId>
+        <artifactId>bundle</artifactId></exclusion></exclusions></dependency>
+    <dependency><groupId>software.amazon.awssdk</groupId><artifactId>s3</artifactId>
+      <version>{AWS_SDK_VERSION}</version></dependency>
+    <dependency><groupId>software.amazon.awssdk</groupId>
+      <artifactId>s3-transfer-manager</artifactId><version>{AWS_SDK_VERSION}</version></dependency>
+    <dependency><groupId>software.amazon.awssdk</groupId><artifactId>sts</artifactId>
+      <version>{AWS_SDK_VERSION}</version></dependency>
+  </dependencies>
 </project>
 """
 
 
 def default_jar_dir() -> Path:
-    """``$JS_ETL_JARS_DIR``, else ``.jars/delta-<v>`` of the source checkout js_etl runs from,
-    else the per-user cache ``${XDG_CACHE_HOME:-~/.cache}/js-etl/jars/delta-<v>``."""
+    """``$JS_ETL_JARS_DIR``, else ``.jars/<JARS_NAME>`` of the source checkout js_etl runs
+    from, else the per-user cache ``${XDG_CACHE_HOME:-~/.cache}/js-etl/jars/<JARS_NAME>``."""
     if os.environ.get("JS_ETL_JARS_DIR"):
         return Path(os.environ["JS_ETL_JARS_DIR"])
     checkout = source_checkout()
     if checkout is not None:
-        return checkout / ".jars" / f"delta-{DELTA_VERSION}"
+        return checkout / ".jars" / JARS_NAME
     cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "js-etl" / "jars" / f"delta-{DELTA_VERSION}"
+    return Path(cache) / "js-etl" / "jars" / JARS_NAME
 
 
 def source_checkout() -> Path | None:
@@ -92,22 +111,21 @@ def _resolve(jar_dir: Path) -> None:
     if not mvn:
         raise TerminalError("Maven (mvn) is needed once to fetch Delta's jars into "
                             f"{jar_dir}; install it or set JS_ETL_JARS_DIR to a folder of jars")
-    g, a, v = DELTA_ARTIFACT.split(":")
     with tempfile.TemporaryDirectory(prefix="js-etl-jars-") as tmp:
-        Path(tmp, "pom.xml").write_text(_POM.format(g=g, a=a, v=v))
+        Path(tmp, "pom.xml").write_text(_POM)
         out = Path(tmp, "out")
         proc = subprocess.run(
             [mvn, "-q", "-B", "dependency:copy-dependencies", "-DincludeScope=runtime",
              f"-DoutputDirectory={out}"], cwd=tmp, capture_output=True, text=True)
         if proc.returncode != 0:
-            raise TerminalError(f"mvn could not resolve {DELTA_ARTIFACT}: "
+            raise TerminalError(f"mvn could not resolve {DELTA_ARTIFACT} and hadoop-aws: "
                                 f"{(proc.stdout + proc.stderr).strip()[-800:]}")
         shipped = _spark_shipped()
         jar_dir.mkdir(parents=True, exist_ok=True)
         for jar in out.glob("*.jar"):
             if _artifact_name(jar.name) not in shipped:
                 shutil.copy2(jar, jar_dir / jar.name)
-    (jar_dir / _MARKER).write_text(DELTA_ARTIFACT + "\n")
+    (jar_dir / _MARKER).write_text(JARS_NAME + "\n")
 
 
 if __name__ == "__main__":

@@ -183,3 +183,30 @@ def hadoop_path(spark: SparkSession, path: str) -> tuple[Any, Any]:
     and writes any store Spark can (file:, hdfs://, s3a://, abfss://) without a Spark job."""
     hpath = java_class(spark, "org.apache.hadoop.fs.Path")(path)
     return hpath, hpath.getFileSystem(spark._jsc.hadoopConfiguration())
+
+
+def configure_s3a(spark: SparkSession, environ: Mapping[str, str] | None = None) -> None:
+    """Point Spark's S3A connector (Hadoop's, for ``s3a://`` and ``s3://`` paths) at the store
+    the ``AWS_*`` variables name, the ones deltalake and obstore read (js_etl.delta.store): one
+    configuration for every writer. Set on the running session's Hadoop configuration, at the
+    start of each run, so the variables of the run's process count; a variable that is not set
+    leaves the session's own setting (``spark.hadoop.fs.s3a.*``) alone."""
+    env = os.environ if environ is None else environ
+    conf = spark._jsc.hadoopConfiguration()
+    conf.set("fs.s3.impl", "org.apache.hadoop.fs.s3a.S3AFileSystem")
+    conf.set("fs.AbstractFileSystem.s3.impl", "org.apache.hadoop.fs.s3a.S3A")
+    endpoint = env.get("AWS_ENDPOINT_URL")
+    if endpoint:  # a store of its own (not AWS's endpoints): its buckets are paths
+        conf.set("fs.s3a.endpoint", endpoint)
+        conf.set("fs.s3a.path.style.access", "true")
+        conf.set("fs.s3a.connection.ssl.enabled", str(endpoint.startswith("https:")).lower())
+    settings = {"fs.s3a.endpoint.region": env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION"),
+                "fs.s3a.access.key": env.get("AWS_ACCESS_KEY_ID"),
+                "fs.s3a.secret.key": env.get("AWS_SECRET_ACCESS_KEY"),
+                "fs.s3a.session.token": env.get("AWS_SESSION_TOKEN")}
+    for key, value in settings.items():
+        if value:
+            conf.set(key, value)
+    if settings["fs.s3a.session.token"]:
+        conf.set("fs.s3a.aws.credentials.provider",
+                 "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from js_etl.spark.jars import DELTA_VERSION
+from js_etl.spark.jars import JARS_NAME
 from tools.shipping import build_wheel
 
 REPO = Path(__file__).resolve().parents[2]
@@ -91,12 +91,12 @@ def test_the_wheel_holds_the_jobs_and_the_demo_config(site, tmp_path):
     assert not (site / "tools").exists() and not (site / "js_etl" / "dev").exists()
     # Not a source checkout: Delta's jars go to the per-user cache.
     assert where["checkout"] is None
-    assert where["jars"] == str(tmp_path / "cache" / "js-etl" / "jars" / f"delta-{DELTA_VERSION}")
+    assert where["jars"] == str(tmp_path / "cache" / "js-etl" / "jars" / JARS_NAME)
 
 
 def test_the_demo_runs_from_the_wheel(site, tmp_path):
     result = run_installed(site, tmp_path, "-m", "js_etl.cli", "demo", "--messages", "300",
-                           JS_ETL_JARS_DIR=str(REPO / ".jars" / f"delta-{DELTA_VERSION}"))
+                           JS_ETL_JARS_DIR=str(REPO / ".jars" / JARS_NAME))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads(last_line(result.stdout))
     assert report["messages_written"] == 300 and report["stopped_because"] == "drained"
