@@ -71,7 +71,7 @@ from typing import TYPE_CHECKING, Any
 from js_etl.config import JobConfig
 from js_etl.decode.spark import Decoder, with_partition_columns
 from js_etl.delta.merge import merge_new_rows
-from js_etl.delta.table import CommitTag, DeltaTarget, job_tables, same_table
+from js_etl.delta.table import CommitTag, DeltaTarget, job_tables, refuse_lossy_commits, same_table
 from js_etl.durable.policy import consumer_add_command_at, source_stream_info
 from js_etl.errors import PurgedRangeError, RangeError
 from js_etl.jetstream import (
@@ -246,6 +246,7 @@ class Backfill:
 
         started = time.monotonic()
         configure_s3a(spark)
+        refuse_lossy_commits(spark, [self.target, self.dead_letters])
         planned_before = self._plan is not None  # the CLI plans before it starts Spark
         decode = self.config.decode
         decoder = Decoder(decode.format, decode.schema, keep_raw=decode.keep_raw,  # before any pull

@@ -36,9 +36,9 @@ from urllib.parse import unquote
 
 from js_etl.delta.rules import TableShape, local_directory, object_store_url, unwritable
 from js_etl.delta.store import TableFiles, table_root
-from js_etl.errors import TerminalError, TransientError
+from js_etl.errors import ConfigError, TerminalError, TransientError
 from js_etl.schema import REQUIRED_COLUMNS
-from js_etl.spark.session import hadoop_path, java_class
+from js_etl.spark.session import hadoop_path, java_class, lossy_s3_log_store
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -409,6 +409,19 @@ def job_tables(config: JobConfig) -> JobTables:
     return JobTables(DeltaTarget(target.path, target.table),
                      DeltaTarget(target.resolved_dead_letter_path,
                                  target.resolved_dead_letter_table))
+
+
+def refuse_lossy_commits(spark: SparkSession, tables: Iterable[DeltaTarget]) -> None:
+    """Raise ConfigError, before anything is fetched, where Spark's commits to one of the
+    ``tables`` on S3 could replace another writer's (:func:`~js_etl.spark.session.
+    lossy_s3_log_store`): any run on S3 may commit through Spark (its writer, or the
+    columnar writer's rounds Spark appends). Checked for paths; a catalog table's location is
+    Spark's to know."""
+    for table in tables:
+        problem = bool(table.path and object_store_url(table.path)) and \
+            lossy_s3_log_store(spark, table.path or "")
+        if problem:
+            raise ConfigError(problem)
 
 
 def same_table(a: DeltaTarget | None, b: DeltaTarget | None) -> bool:

@@ -48,7 +48,7 @@ from js_etl import faults
 from js_etl.config import JobConfig
 from js_etl.decode.spark import Decoder, with_partition_columns
 from js_etl.delta.rules import schema_problem
-from js_etl.delta.table import create_empty, job_tables
+from js_etl.delta.table import create_empty, job_tables, refuse_lossy_commits
 from js_etl.drain.acks import Holds, RunAcks
 from js_etl.drain.fence import fence
 from js_etl.drain.fetch import FetchPlan
@@ -144,6 +144,7 @@ class Drain:
     def run(self) -> RunReport:
         started = time.monotonic()
         configure_s3a(self.spark)
+        refuse_lossy_commits(self.spark, self.tables)
         with self.report.phase("connect"):
             js = JetStreamSession(self.options)
         with js:

@@ -9,6 +9,8 @@ parent-first, so duplicates (older jackson, parquet, hadoop) would only be dead 
 S3A (``s3a://`` tables on Spark's writer) is ``hadoop-aws`` of pyspark's Hadoop with the AWS SDK
 modules it calls, not the SDK's 686 MB ``bundle`` jar its POM names: the ``s3``,
 ``s3-transfer-manager`` and ``sts`` modules of the SDK version that hadoop-aws was built with.
+And js-etl's own Delta log store for S3 (:data:`LOG_STORE_CLASS`, compiled from the Java source
+shipped in this package with ``javac``): Spark's commits to S3 with a conditional PUT.
 
 The jars folder (:func:`default_jar_dir`), first that applies:
 
@@ -23,12 +25,14 @@ The jars folder (:func:`default_jar_dir`), first that applies:
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
 from pathlib import Path
 
 from js_etl.errors import TerminalError
@@ -39,6 +43,9 @@ HADOOP_AWS_VERSION = "3.5.0"  # the Hadoop of pyspark 4.2.0 (hadoop-client-api-3
 AWS_SDK_VERSION = "2.35.4"  # the AWS SDK hadoop-aws 3.5.0 was built with
 JARS_NAME = f"delta-{DELTA_VERSION}-s3a-{HADOOP_AWS_VERSION}"
 _MARKER = "RESOLVED"
+LOG_STORE_CLASS = "io.jsetl.delta.ConditionalPutLogStore"
+_LOG_STORE_SOURCE = Path(__file__).parent / "java" / "io" / "jsetl" / "delta" / \
+    "ConditionalPutLogStore.java"
 
 _POM = f"""<project xmlns="http://maven.apache.org/POM/4.0.0">
   <modelVersion>4.0.0</modelVersion>
@@ -96,14 +103,50 @@ def _spark_shipped() -> set[str]:
 
 
 def delta_jars(jar_dir: Path | None = None, *, resolve: bool = True) -> list[str]:
-    """Paths of Delta's jars; resolves them with ``mvn`` the first time."""
+    """Paths of Delta's jars; resolves them with ``mvn`` the first time (and builds the log
+    store again when its source changed)."""
     jar_dir = jar_dir or default_jar_dir()
-    if not (jar_dir / _MARKER).exists():
+    marker = jar_dir / _MARKER
+    current = marker.read_text() if marker.exists() else None
+    if current != _marker_text():
         if not resolve:
             raise TerminalError(f"Delta jars missing in {jar_dir}: run `js-etl jars` "
-                                "(or `make setup`) once with Maven and network access")
-        _resolve(jar_dir)
+                                "(or `make setup`) once with Maven, a JDK and network access")
+        if current is None:
+            _resolve(jar_dir)
+        _build_log_store(jar_dir)
+        marker.write_text(_marker_text())
     return sorted(str(p) for p in jar_dir.glob("*.jar"))
+
+
+def _marker_text() -> str:
+    """What the jars folder was made of: the artifacts, and the log store's source."""
+    digest = hashlib.sha256(_LOG_STORE_SOURCE.read_bytes()).hexdigest()[:16]
+    return f"{JARS_NAME}\nlog store {digest}\n"
+
+
+def _build_log_store(jar_dir: Path) -> None:
+    """Compile :data:`LOG_STORE_CLASS` against the folder's Delta and pyspark's Hadoop, into
+    ``js-etl-log-store.jar`` there."""
+    import pyspark
+
+    javac = shutil.which("javac")
+    if not javac:
+        raise TerminalError("javac (a JDK) is needed once to build js-etl's Delta log store "
+                            f"into {jar_dir}; install a JDK 17 or set JS_ETL_JARS_DIR to a "
+                            "folder of jars")
+    classpath = [*jar_dir.glob("delta-storage-*.jar"),
+                 *(Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar")]
+    with tempfile.TemporaryDirectory(prefix="js-etl-log-store-") as tmp:
+        proc = subprocess.run(
+            [javac, "--release", "17", "-d", tmp, "-cp", os.pathsep.join(map(str, classpath)),
+             str(_LOG_STORE_SOURCE)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise TerminalError(f"javac could not build {LOG_STORE_CLASS}: "
+                                f"{(proc.stdout + proc.stderr).strip()[-800:]}")
+        with zipfile.ZipFile(jar_dir / "js-etl-log-store.jar", "w") as jar:
+            for path in sorted(Path(tmp).rglob("*.class")):
+                jar.write(path, path.relative_to(tmp).as_posix())
 
 
 def _resolve(jar_dir: Path) -> None:
@@ -125,7 +168,6 @@ def _resolve(jar_dir: Path) -> None:
         for jar in out.glob("*.jar"):
             if _artifact_name(jar.name) not in shipped:
                 shutil.copy2(jar, jar_dir / jar.name)
-    (jar_dir / _MARKER).write_text(JARS_NAME + "\n")
 
 
 if __name__ == "__main__":

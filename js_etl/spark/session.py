@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from js_etl.errors import TerminalError
-from js_etl.spark.jars import delta_jars
+from js_etl.spark.jars import LOG_STORE_CLASS, delta_jars
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    # Spark's commits to S3 with a conditional PUT, safe beside any other writer (jars.py).
+    "spark.delta.logStore.s3a.impl": LOG_STORE_CLASS,
+    "spark.delta.logStore.s3.impl": LOG_STORE_CLASS,
 }
 
 
@@ -210,3 +213,19 @@ def configure_s3a(spark: SparkSession, environ: Mapping[str, str] | None = None)
     if settings["fs.s3a.session.token"]:
         conf.set("fs.s3a.aws.credentials.provider",
                  "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider")
+
+
+def lossy_s3_log_store(spark: SparkSession, location: str) -> str | None:
+    """Why Spark's Delta commits to the S3 table at ``location`` could replace another
+    writer's commit, or None. Delta's default log store for S3 (``S3SingleDriverLogStore``)
+    checks that a version's log file is missing, then PUTs it without a condition: a commit
+    another process makes in between is overwritten, and lost."""
+    scheme = location.split(":", 1)[0].lower()
+    store = (spark.conf.get(f"spark.delta.logStore.{scheme}.impl", None)
+             or spark.conf.get("spark.delta.logStore.class", None))
+    if store and not store.endswith("S3SingleDriverLogStore"):
+        return None
+    return (f"Spark's Delta writer would commit to {location} through "
+            f"{store or 'its default S3SingleDriverLogStore'}, which can overwrite another "
+            f"writer's commit: set spark.delta.logStore.{scheme}.impl={LOG_STORE_CLASS} (a "
+            "session js-etl configures has it), or a log store safe for several writers")

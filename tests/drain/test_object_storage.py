@@ -24,8 +24,9 @@ from streams import publish_and_wait
 from js_etl.delta.store import TableFiles
 from js_etl.drain.lock import TableLock
 from js_etl.drain.run import run_drain
-from js_etl.errors import RunRefusedError
+from js_etl.errors import ConfigError, RunRefusedError
 from js_etl.jetstream import ConsumerConfig
+from js_etl.spark.session import configure_s3a
 
 pytestmark = pytest.mark.slow
 
@@ -179,3 +180,68 @@ def test_a_columnar_round_holding_rows_an_s3_table_has_is_appended_by_spark(
     in_bucket = {name for name in TableFiles(table).names("") if name.endswith(".parquet")}
     leftovers = {name for name in in_bucket - committed if second.run_id in name}
     assert not leftovers, "the second run's task files were read into Spark's append"
+
+
+class _RacingLines:
+    """A ``java.util.Iterator`` of a commit's lines (py4j callback) that, when Delta's log
+    store asks for the first line, has another writer create the same log file: exactly
+    between the store's look for the file and its PUT."""
+
+    class Java:
+        implements = ("java.util.Iterator",)
+
+    def __init__(self, race: Any, lines: list[str]) -> None:
+        self._race, self._lines = race, list(lines)
+
+    def hasNext(self) -> bool:
+        return bool(self._lines)
+
+    def next(self) -> str:
+        if self._race is not None:
+            self._race, race = None, self._race
+            race()
+        return self._lines.pop(0)
+
+
+@pytest.mark.parametrize("store", ["io.jsetl.delta.ConditionalPutLogStore",
+                                   "io.delta.storage.S3SingleDriverLogStore"])
+def test_sparks_commit_to_s3_never_replaces_another_writers_commit(store, spark, s3):
+    """Another process commits version 0 while Spark's log store is writing it. js-etl's log
+    store PUTs with If-None-Match: the store refuses Spark's write (Delta then commits at the
+    next version) and the other commit stays. Delta's default S3 log store, tried the same way,
+    replaces the other commit: that is why a session with it is refused on S3."""
+    from pyspark.java_gateway import ensure_callback_server_started
+
+    ensure_callback_server_started(spark.sparkContext._gateway)
+    jvm, conf = spark._jvm, spark._jsc.hadoopConfiguration()
+    configure_s3a(spark)
+    location = f"{s3.replace('s3://', 's3a://')}/raced_by_spark"
+    version = f"_delta_log/{0:020d}.json"
+    files = TableFiles(location.replace("s3a://", "s3://"))
+    log_store = getattr(jvm, store)(conf)
+    lines = _RacingLines(lambda: files.create(version, b'{"other":1}\n'), ['{"spark":1}'])
+
+    path = jvm.org.apache.hadoop.fs.Path(f"{location}/{version}")
+    if store.endswith("ConditionalPutLogStore"):
+        with pytest.raises(Exception, match="FileAlreadyExistsException"):
+            log_store.write(path, lines, False, conf)
+        assert files.read(version) == b'{"other":1}\n'
+    else:
+        log_store.write(path, lines, False, conf)
+        assert files.read(version) == b'{"spark":1}\n'  # the other writer's commit is gone
+
+
+def test_a_session_whose_s3_log_store_can_lose_commits_is_refused_before_fetching(
+        spark, js, names, nats_server, s3):
+    messages, _, _ = events(names, 10)
+    setup_stream(js, names, messages)
+    key = "spark.delta.logStore.s3.impl"
+    ours = spark.conf.get(key)
+    spark.conf.set(key, "io.delta.storage.S3SingleDriverLogStore")
+    try:
+        with pytest.raises(ConfigError, match="can overwrite another writer's commit"):
+            run_drain(spark, config_for(names, nats_server.url, f"{s3}/events"))
+    finally:
+        spark.conf.set(key, ours)
+    info = js.consumer_info(names.stream, names.consumer)
+    assert (info.num_pending, info.num_ack_pending) == (10, 0)  # nothing was fetched
