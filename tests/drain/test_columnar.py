@@ -175,6 +175,8 @@ def test_both_writers_write_the_same_rows_and_dead_letters(partition_by, spark, 
     ("`Id` LONG, Kind STRING, flag BOOLEAN", False, "[KIND, subject, to_date(published_at) AS d]"),
     ("id INTEGER, amount DOUBLE", True, "[ID]"),
     ("`a.b` STRING, `c``d` BIGINT, id BIGINT COMMENT 'the id'", False, "[]"),
+    ("id BIGINT, d DATE, t TIMESTAMP, a ARRAY<TIMESTAMP>, s STRUCT<d DATE>", False,
+     "[to_date(published_at) AS day]"),
 ])
 def test_the_columnar_writers_row_schema_is_the_spark_writers(schema, keep_raw, partition_by,
                                                               spark, tmp_path):
