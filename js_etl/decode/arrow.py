@@ -28,17 +28,14 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
 from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from js_etl.decode import reasons
+from js_etl.decode import reasons, times
 from js_etl.decode.json_batch import MAX_INTEGER_DIGITS, MAX_NAME_LENGTH, decode_json_batch
-from js_etl.errors import JsEtlError
-from js_etl.instant import parse_instant
 
 if TYPE_CHECKING:
     from pyspark.sql.types import DataType, StructType
@@ -383,15 +380,19 @@ def _convert(value: Any, dt: DataType) -> Any:
         if len(number.as_tuple().digits) > dt.precision:
             raise _Mismatch
         return number
-    if isinstance(dt, (T.TimestampType, T.TimestampNTZType, T.DateType)) \
-            and isinstance(value, str):
-        try:
-            ns = parse_instant(value)
-        except JsEtlError:
-            raise _Mismatch from None
-        moment = datetime.fromtimestamp(ns // 1_000_000_000, UTC).replace(
-            microsecond=ns % 1_000_000_000 // 1000)
-        if isinstance(dt, T.DateType):
-            return date(moment.year, moment.month, moment.day)
-        return moment.replace(tzinfo=None) if isinstance(dt, T.TimestampNTZType) else moment
+    if isinstance(dt, (T.DateType, T.TimestampType, T.TimestampNTZType)):
+        # As Spark holds them: days or microseconds since the epoch (js_etl.decode.times). A
+        # TIMESTAMP takes a JSON integer too, as seconds; the others only strings.
+        if isinstance(value, str):
+            read = (times.json_date if isinstance(dt, T.DateType)
+                    else times.json_timestamp if isinstance(dt, T.TimestampType)
+                    else times.json_timestamp_ntz)
+            held = read(value)
+        elif isinstance(dt, T.TimestampType) and type(value) is int:
+            held = times.json_seconds(value)
+        else:
+            held = None
+        if held is None:
+            raise _Mismatch
+        return held
     raise _Mismatch

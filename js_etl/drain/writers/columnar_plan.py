@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ _COPYABLE_ORIGIN = ("subject",)
 
 # What the columnar writer decodes as Spark does. Not SMALLINT or TINYINT: Spark's parser takes
 # 200 into a TINYINT as -56, the decoders refuse it.
-_WRITABLE_TYPES = ("bigint", "int", "double", "string", "boolean")
+_WRITABLE_TYPES = ("bigint", "int", "double", "string", "boolean", "date", "timestamp")
 
 
 _TYPES_PROBLEM = ("decode.schema has a type the columnar writer does not decode as Spark does "
@@ -40,12 +41,17 @@ _TYPES_PROBLEM = ("decode.schema has a type the columnar writer does not decode 
                   "ARRAY, STRUCT and MAP<STRING, …> of them)")
 
 
+# A TIMESTAMP anywhere in a type's simple string (not a TIMESTAMP_NTZ).
+_TIMESTAMP = re.compile(r"\btimestamp\b(?!_ntz)")
+
+
 # decode.schema as expects_columnar reads it without Spark: plain `name TYPE` pairs.
 _PLAIN_FIELD = re.compile(r"\s*(`?)([A-Za-z_][A-Za-z0-9_]*)\1\s+([A-Za-z]+)\s*")
 
 
 _PLAIN_TYPES = {"bigint": "bigint", "long": "bigint", "int": "int", "integer": "int",
-                "double": "double", "string": "string", "boolean": "boolean"}
+                "double": "double", "string": "string", "boolean": "boolean", "date": "date",
+                "timestamp": "timestamp"}
 
 
 # What a partition column may copy: not DOUBLE (0.0 and -0.0 are one value to a filter and
@@ -81,15 +87,22 @@ def config_problem(spark: SparkSession, config: JobConfig) -> str | None:
     if problem:
         return problem
     payload = _payload_type(config.decode)
+    if any("timestamp_ntz" in f.dataType.simpleString() for f in payload.fields):
+        # Its decoding is Spark's (js_etl.decode.times); the table is not the writer's.
+        return ("TIMESTAMP_NTZ needs Delta's timestampNtz table feature, which the columnar "
+                "writer does not commit to")
     if not all(_writable(f.dataType) for f in payload.fields):
         return _TYPES_PROBLEM
+    problem = _times_problem(spark, [f.dataType.simpleString() for f in payload.fields])
+    if problem:
+        return problem
     return _fields_problem(config, {f.name: f.dataType.simpleString() for f in payload.fields},
                            spark.conf.get("spark.sql.session.timeZone") or "")
 
 
 def _writable(kind: DataType) -> bool:
-    """Whether the decoders give ``kind`` as Spark's parser does: the plain types, DECIMAL, and
-    arrays, structs and string-keyed maps of them."""
+    """Whether the decoders give ``kind`` as Spark's parser does: the plain types (dates and
+    timestamps too), DECIMAL, and arrays, structs and string-keyed maps of them."""
     from pyspark.sql.types import ArrayType, DecimalType, MapType, StringType, StructType
 
     if isinstance(kind, ArrayType):
@@ -99,6 +112,31 @@ def _writable(kind: DataType) -> bool:
     if isinstance(kind, MapType):
         return isinstance(kind.keyType, StringType) and _writable(kind.valueType)
     return isinstance(kind, DecimalType) or kind.simpleString() in _WRITABLE_TYPES
+
+
+def _times_problem(spark: SparkSession, kinds: list[str]) -> str | None:
+    """Why DATE, TIMESTAMP or TIMESTAMP_NTZ fields (``kinds``: the fields' simple types) would
+    not be read as Spark's parser reads them (js_etl.decode.times follows its default
+    formatters and their legacy fallback, in a UTC session, with the JVM's zone rules)."""
+    if not any(re.search(r"\b(date|timestamp|timestamp_ntz)\b", k) for k in kinds):
+        return None
+    from js_etl.decode.times import java_tzdb
+
+    policy = spark.conf.get("spark.sql.legacy.timeParserPolicy") or "CORRECTED"
+    if policy.upper() != "CORRECTED":
+        return f"spark.sql.legacy.timeParserPolicy is {policy}, not CORRECTED (dates, timestamps)"
+    fallback = spark.conf.get("spark.sql.json.enableDateTimeParsingFallback", None)
+    if fallback is not None and fallback.lower() != "true":
+        return f"spark.sql.json.enableDateTimeParsingFallback is {fallback} (dates, timestamps)"
+    if any(_TIMESTAMP.search(k) for k in kinds):
+        jvm = spark.sparkContext._jvm
+        assert jvm is not None  # the columnar writer runs on classic Spark
+        ours = java_tzdb()
+        theirs = f"{jvm.java.lang.System.getProperty('java.home')}/lib/tzdb.dat"
+        if ours is None or os.path.realpath(ours) != os.path.realpath(theirs):
+            return (f"the JVM's time zone rules ({theirs}) are not the ones the columnar "
+                    f"decoder finds ({ours}: $JAVA_HOME, else java on the PATH)")
+    return None
 
 
 def expects_columnar(config: JobConfig) -> bool:
@@ -149,6 +187,10 @@ def _fields_problem(config: JobConfig, fields: Mapping[str, str], zone: str) -> 
     """The rest of :func:`config_problem`, on the payload's fields as {name: simple type}."""
     from js_etl.config import partition_column_name
 
+    if any(_TIMESTAMP.search(kind) for kind in fields.values()) \
+            and zone.lower() not in _UTC_ZONES:
+        # Spark reads a timestamp without an offset in the session's zone; the decoder in UTC.
+        return f"TIMESTAMP fields in session time zone {zone!r}, not UTC"
     copyable = {name.lower() for name, kind in fields.items()
                 if kind in _PARTITION_TYPES} | set(_COPYABLE_ORIGIN)
     for expression in config.target.partition_by:

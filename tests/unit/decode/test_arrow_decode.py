@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from js_etl.config.model import DecodeConfig
 from js_etl.decode.arrow import decode_json
 
+MICRO = timedelta(microseconds=1)
 DECODE = DecodeConfig(format="json", schema="id BIGINT, n DECIMAL(10,2), tags ARRAY<STRING>")
 
 
@@ -31,8 +32,10 @@ def test_json_values_take_the_schema_types_or_say_why_not():
                              b'"d": "2026-11-01"}', True, schema, decode)
     assert error is None and row is not None
     assert row["note"] == '{"a":[1]}'  # a non-string value in a STRING field: its JSON text
-    assert row["at"] == datetime(2026, 11, 1, 10, 0, 0, 500000, tzinfo=UTC)
-    assert str(row["d"]) == "2026-11-01"
+    # As Spark holds them: microseconds and days since the epoch (js_etl.decode.times).
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    assert row["at"] == (datetime(2026, 11, 1, 10, 0, 0, 500000, tzinfo=UTC) - epoch) // MICRO
+    assert row["d"] == (datetime(2026, 11, 1, tzinfo=UTC) - epoch).days
     assert decode_json(b'{"id": NaN}', True, schema, decode) == (None, "malformed JSON")
     assert decode_json(b'{"id": 1.5}', True, schema, decode)[1] == (
         "JSON does not match decode.schema (id BIGINT, note STRING, at TIMESTAMP, d DATE)")

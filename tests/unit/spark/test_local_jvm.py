@@ -23,12 +23,16 @@ def job(*overrides: str) -> bool:
 def test_a_plain_json_job_expects_the_columnar_writer() -> None:
     assert job()
     assert job("decode.schema=`id` long, kind string, n integer")
+    assert job("decode.schema=id BIGINT, at TIMESTAMP, d DATE", "target.partition_by=[]")
+    # Spark reads a TIMESTAMP without an offset in the session's zone, the decoder in UTC.
+    assert not job("decode.schema=id BIGINT, at TIMESTAMP", "target.partition_by=[]",
+                   "spark.conf.spark.sql.session.timeZone=Europe/Paris")
 
 
 @pytest.mark.parametrize("override", [
     "target.writer=spark",
     "decode.unknown_fields=dead_letter",
-    "decode.schema=id BIGINT, at TIMESTAMP, kind STRING",  # a type it does not decode
+    "decode.schema=id BIGINT, at TIMESTAMP_NTZ, kind STRING",  # a type it does not write
     "decode.schema=id BIGINT, tags ARRAY<STRING>, kind STRING",  # not plain name TYPE pairs
     "decode.schema=id BIGINT, kind STRING, n SMALLINT",
     "target.partition_by=[amount]",  # DOUBLE partitions are Spark's writer's

@@ -1,0 +1,67 @@
+"""js_etl.decode.times against what Spark 4.2's from_json gave for the same JSON values (a UTC
+session, the drain's options; the one-off comparison behind docs/design/json-decoding.md).
+tests/drain/test_columnar.py::test_both_writers_decode_dates_and_timestamps_alike compares
+DATE and TIMESTAMP with Spark itself; TIMESTAMP_NTZ keeps Spark's writer, so its answers are
+pinned here."""
+
+from __future__ import annotations
+
+import pytest
+
+from js_etl.decode import times
+
+
+@pytest.mark.parametrize(("text", "micros"), [
+    ("2026-11-28T10:00:00", 1795860000000000),
+    ("2026-11-28 10:00:00", 1795860000000000),
+    ("2026", 1767225600000000),
+    ("2026-11-28T10:00:00.123456789", 1795860000123456),  # truncated, not rounded
+    ("12026-11-28", 317365344000000000),
+    ("-2026-11-28", -126072979200000000),
+    ("12345", 327403382400000000),
+    ("-141428", -4525203801600000000),
+    ("2026-11-28T10:00:00Z", None),  # any zone: not a TIMESTAMP_NTZ
+    ("2026-11-28T10:00:00 UTC", None),
+    ("10:00:00", None),  # a time alone
+    ("2026-11-28T", None),
+    ("2026GMT", None),  # no legacy fallback
+    ("1234567-01-01", None),
+    ("", None),
+])
+def test_timestamp_ntz_reads_as_spark_does(text, micros):
+    assert times.json_timestamp_ntz(text) == micros
+
+
+@pytest.mark.parametrize(("text", "days"), [
+    ("-12345678", -12345437),  # Spark 1.5's day count, Julian before 0001-01-01
+    ("-2147483648", -2147439564),
+    ("2147483648", None),
+    ("\uff11\uff12\uff13", 123),  # Integer.parseInt takes any decimal digits
+    ("1234567-01-01", 450196810),
+    ("-5877641-06-23", -2147483648),
+    ("-5877641-06-22", None),
+])
+def test_dates_beyond_pythons_read_as_spark_does(text, days):
+    assert times.json_date(text) == days
+
+
+@pytest.mark.parametrize(("text", "micros"), [
+    ("2026-03-08T02:30:00 America/New_York", 1772955000000000),  # in the gap
+    ("2026-11-01T01:30:00 America/New_York", 1793511000000000),  # in the overlap: the earlier
+    ("1850-01-01T00:00:00 Europe/Paris", -3786826161000000),  # local mean time
+    ("20000-06-01T00:00:00 America/New_York", 568984968000000000),  # the last rules, far on
+    ("2026-11-28T10:00:00 SystemV/EST5", 1795878000000000),  # only Java has it
+    ("2026-11-28T10:00:00 Factory", None),  # only Python's zoneinfo has it
+    ("2026-11-28T10:00:00+01:5", 1795856100000000),
+])
+def test_zones_read_by_the_jvms_own_rules(text, micros):
+    if times.java_tzdb() is None:
+        pytest.skip("no JVM here")
+    assert times.json_timestamp(text) == micros
+
+
+def test_json_integers_are_seconds_wrapping_past_the_longs():
+    assert times.json_seconds(1764324000) == 1764324000000000
+    assert times.json_seconds(9223372036855) == -9223372036854551616
+    assert times.json_seconds(9223372036854775807) == -1000000
+    assert times.json_seconds(2**63) is None
