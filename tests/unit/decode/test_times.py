@@ -65,3 +65,23 @@ def test_json_integers_are_seconds_wrapping_past_the_longs():
     assert times.json_seconds(9223372036855) == -9223372036854551616
     assert times.json_seconds(9223372036854775807) == -1000000
     assert times.json_seconds(2**63) is None
+
+
+@pytest.mark.parametrize(("text", "offset_hours"), [
+    ("10:00:00", 0), ("T10:00:00", 0), ("10:00", 0), ("T10:00:00Z", 0),
+    ("T10:00:00+02:00", 2),
+])
+def test_a_time_alone_is_a_timestamp_today(text, offset_hours):
+    """Spark reads a time alone as today's, in the text's zone. Kept out of the differential
+    test (tests/drain/test_columnar.py): a run across midnight would compare two days. Here
+    today is read before and after, and either day is right."""
+    from datetime import UTC, datetime, timedelta, timezone
+
+    zone = timezone(timedelta(hours=offset_hours))
+    days = {datetime.now(zone).date()}
+    micros = times.json_timestamp(text)
+    days.add(datetime.now(zone).date())
+    expected = {int((datetime(d.year, d.month, d.day, 10, tzinfo=zone)
+                     - datetime(1970, 1, 1, tzinfo=UTC)).total_seconds()) * 1_000_000
+                for d in days}
+    assert micros in expected
