@@ -51,28 +51,47 @@ def test_a_drain_into_an_s3_table_takes_every_message_once_on_the_columnar_write
     assert files.names("_js_etl") == []  # the run's lock is gone with the run
 
 
+@pytest.mark.parametrize("writer", ["auto", "spark"])
 @pytest.mark.parametrize("fault", ["kill_after_fetch", "kill_after_commit", "kill_mid_ack"])
 def test_a_drain_killed_at_each_point_of_an_s3_round_recovers_exactly_once(
-        fault, spark, js, names, nats_server, s3):
+        fault, writer, spark, js, names, nats_server, s3):
     """SIGKILL of a real ``js-etl drain`` after the fetch, after the commit and in the middle of
-    the acks of an S3 table's round; the next run leaves every message in it once."""
+    the acks of an S3 table's round, on either writer; the next run leaves every message in it
+    once."""
     messages, good, bad = events(names, 600, poison_every=97)
     setup_stream(js, names, messages)
     table = f"{s3}/events"
     marker = uuid.uuid4().hex
 
-    proc = drain_process(names, nats_server.url, table, fault, marker)
+    proc = drain_process(names, nats_server.url, table, fault, marker, f"target.writer={writer}")
     _, err = proc.communicate(timeout=180)
     assert proc.returncode == -9, f"not killed at {fault}: {proc.returncode}: {err[-800:]}"
     assert_no_process_left(marker)
 
-    report = run_drain(spark, config_for(names, nats_server.url, table))
+    report = run_drain(spark, config_for(names, nats_server.url, table,
+                                         f"target.writer={writer}"))
 
+    if report.messages_written:  # a run with nothing left to write chooses no writer
+        assert report.writer == ("spark" if writer == "spark" else "columnar")
     if fault == "kill_after_fetch":
         assert report.released_at_start > 0
     else:
         assert report.reacked_at_start > 0  # committed, not acked: the fence acks it
     assert_exactly_once(spark, js, names, table, good, bad)
+
+
+@pytest.mark.parametrize("fmt", ["raw", "text"])
+def test_raw_and_text_drains_into_s3_take_the_columnar_writer(fmt, spark, js, names,
+                                                              nats_server, s3):
+    messages, good, _ = events(names, 300)
+    setup_stream(js, names, messages)
+    table = f"{s3}/{fmt}"
+
+    report = run_drain(spark, config_for(names, nats_server.url, table, f"decode.format={fmt}",
+                                         "decode.schema=null"))
+
+    assert (report.writer, report.writer_note) == ("columnar", None)
+    assert_exactly_once(spark, js, names, table, good, [])
 
 
 def test_two_consumers_draining_into_one_new_s3_table_at_once_lose_no_commit(
