@@ -20,6 +20,7 @@ class TableShape:
     partition_columns: tuple[str, ...]
     schema: StructType
     configuration: dict[str, str]  # the table's properties
+    features: frozenset[str] = frozenset()  # reader and writer table features (protocol 3 / 7)
 
 
 def schema_problem(table: str, shape: TableShape, rows: StructType, partition_by: list[str], *,
@@ -75,7 +76,7 @@ def table_problem(table: TableShape, rows: StructType, partition_columns: list[s
     """Why the existing table needs the Spark writer, or None; ``rows`` is the schema the
     drain's rows have, partition columns included."""
     problem = unwritable(table.reader_version, table.writer_version, table.configuration,
-                         [f.metadata for f in table.schema.fields])
+                         [f.metadata for f in table.schema.fields], table.features)
     if problem:
         return problem
     if [f.name for f in table.schema.fields if not f.nullable]:
@@ -90,17 +91,33 @@ def table_problem(table: TableShape, rows: StructType, partition_columns: list[s
     return None
 
 
+# Table features of tables the columnar writer appends to as it does to any other: deltalake
+# commits to them, and a commit that only adds files is all they ask of a writer. Deletion vectors
+# mark rows other writers deleted (an append adds none); a change data feed derives an append's
+# changes from its add actions; invariants are refused where a column has one (below).
+APPEND_SAFE_FEATURES = frozenset({"appendOnly", "invariants", "changeDataFeed",
+                                  "deletionVectors"})
+
+
 def unwritable(reader_version: int, writer_version: int, configuration: Mapping[str, str],
-               column_metadata: Iterable[Mapping[str, Any]]) -> str | None:
+               column_metadata: Iterable[Mapping[str, Any]],
+               features: Iterable[str] = ()) -> str | None:
     """What of a table's protocol and rules the columnar writer would not honour, or None.
     Checked when the writer is chosen (Spark's snapshot) and again before every commit
     (deltalake's snapshot: another writer may add a rule during the run). The writer commits
-    files without checking their rows, so any rule on rows refuses it: a protocol above reader 1
-    / writer 2, a CHECK constraint, or column metadata other than a comment (an invariant, a
-    generation expression, a default, an identity)."""
-    if reader_version > 1 or writer_version > 2:
-        return (f"the table's protocol (reader {reader_version}, writer {writer_version}) has "
-                "features the columnar writer does not write")
+    files without checking their rows, so any rule on rows refuses it: a CHECK constraint, or
+    column metadata other than a comment (an invariant, a generation expression, a default, an
+    identity); and a protocol beyond what its appends keep: the legacy protocols up to writer 4
+    (reader 1), or table features (reader 3 / writer 7) within :data:`APPEND_SAFE_FEATURES`.
+    Column mapping (reader 2, writer 5, or the feature) is refused: the tasks write columns by
+    their logical names."""
+    named = set(features) - APPEND_SAFE_FEATURES
+    legacy = reader_version == 1 and writer_version <= 4
+    with_features = reader_version in (1, 3) and writer_version == 7 and not named
+    if not (legacy or with_features):
+        what = f" ({', '.join(sorted(named))})" if named else ""
+        return (f"the table's protocol (reader {reader_version}, writer {writer_version}){what} "
+                "has features the columnar writer does not write")
     if any(key.startswith("delta.constraints.") for key in configuration):
         return "the table has CHECK constraints"
     if any(set(metadata) - {"comment"} for metadata in column_metadata):

@@ -193,7 +193,7 @@ class DeltaTarget:
             protocol, metadata = view.table.protocol(), view.table.metadata()
             return TableShape(protocol.min_reader_version, protocol.min_writer_version,
                               tuple(metadata.partition_columns), view.spark_schema(),
-                              dict(metadata.configuration))
+                              dict(metadata.configuration), _features(protocol))
         return self._snapshot_shape(spark)
 
     def _snapshot_shape(self, spark: SparkSession) -> TableShape:
@@ -201,12 +201,14 @@ class DeltaTarget:
         from pyspark.sql.types import StructType
 
         snapshot = self._snapshot(spark)
-        protocol = snapshot.protocol()
+        protocol = json.loads(snapshot.protocol().json())["protocol"]
         metadata = json.loads(snapshot.metadata().json())["metaData"]
-        return TableShape(int(protocol.minReaderVersion()), int(protocol.minWriterVersion()),
+        return TableShape(protocol["minReaderVersion"], protocol["minWriterVersion"],
                           tuple(metadata["partitionColumns"]),
                           StructType.fromJson(json.loads(metadata["schemaString"])),
-                          dict(metadata.get("configuration") or {}))
+                          dict(metadata.get("configuration") or {}),
+                          frozenset(protocol.get("readerFeatures", ()))
+                          | frozenset(protocol.get("writerFeatures", ())))
 
     def job_round(self, spark: SparkSession, job: str) -> tuple[int, int]:
         """``(last round of job, table version)`` from the snapshot's application transactions;
@@ -287,7 +289,7 @@ class DeltaTarget:
         # (docs/design/columnar-writer.md).
         problem = unwritable(protocol.min_reader_version, protocol.min_writer_version,
                              table.metadata().configuration,
-                             [f.metadata for f in table.schema().fields])
+                             [f.metadata for f in table.schema().fields], _features(protocol))
         if problem:
             raise TransientError(f"{self} changed during the run ({problem}): nothing of round "
                                  f"{tag.round} is committed or acked; the next run writes it "
@@ -365,6 +367,11 @@ class DeltaTarget:
 # defaults to 100. Whoever reads a table replays every commit since its last checkpoint, and the
 # driver opens a columnar round's table several times (docs/design/columnar-writer.md).
 SPARK_CHECKPOINT_INTERVAL = 10
+
+
+def _features(protocol: Any) -> frozenset[str]:
+    """The reader and writer table features of deltalake's ``ProtocolVersions``."""
+    return frozenset(protocol.reader_features or ()) | frozenset(protocol.writer_features or ())
 
 
 def _lost_to_another_writer() -> tuple[type[Exception], ...]:

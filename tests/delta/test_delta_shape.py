@@ -23,7 +23,7 @@ TABLES = [
      "NOT NULL"),
     ("comment", "(id BIGINT COMMENT 'the id', kind STRING) USING delta", None),
     ("generated", "(ts TIMESTAMP, d DATE GENERATED ALWAYS AS (CAST(ts AS DATE))) USING delta",
-     "protocol"),
+     "checkConstraints, generatedColumns"),
     ("identity", "(id BIGINT GENERATED ALWAYS AS IDENTITY, kind STRING) USING delta",
      "protocol"),
     ("default", "(id BIGINT, kind STRING DEFAULT 'x') USING delta "
@@ -33,7 +33,13 @@ TABLES = [
      "'delta.columnMapping.mode' = 'name', 'delta.minReaderVersion' = '2', "
      "'delta.minWriterVersion' = '5')", "protocol"),
     ("deletion_vectors", f"({COLUMNS}) USING delta TBLPROPERTIES "
-     "('delta.enableDeletionVectors' = 'true')", "protocol"),
+     "('delta.enableDeletionVectors' = 'true')", None),
+    ("change_data_feed", f"({COLUMNS}) USING delta TBLPROPERTIES "
+     "('delta.enableChangeDataFeed' = 'true')", None),
+    ("row_tracking", "(id BIGINT) USING delta TBLPROPERTIES ('delta.enableRowTracking' = 'true')",
+     "domainMetadata, rowTracking"),
+    ("type_widening", "(id INT) USING delta TBLPROPERTIES ('delta.enableTypeWidening' = 'true')",
+     "typeWidening"),
     ("append_only", "(id BIGINT) USING delta TBLPROPERTIES ('delta.appendOnly' = 'true')",
      None),
 ]

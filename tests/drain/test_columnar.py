@@ -1040,3 +1040,38 @@ def test_a_new_catalog_table_is_drained_by_its_first_run(writer, spark, js, name
         assert (info.num_pending, info.num_ack_pending) == (0, 0)
     finally:
         spark.sql(f"DROP DATABASE IF EXISTS {database} CASCADE")
+
+
+@pytest.mark.parametrize("feature", ["deletion_vectors", "change_data_feed"])
+def test_a_table_with_deletion_vectors_or_a_change_data_feed_takes_the_columnar_writer(
+        feature, spark, js, names, nats_server, tmp_path):
+    """Tables with table features an append leaves alone (js_etl.delta.rules.
+    APPEND_SAFE_FEATURES): the columnar writer commits to them. With deletion vectors, a row
+    another writer deleted in place stays deleted; with a change data feed, the drain's rows are
+    the feed's inserts."""
+    add_stream(js, names)
+    publish_and_wait(js, names, [(f"{names.prefix}.e", json.dumps({"id": i}).encode())
+                                 for i in range(300)])
+    table = tmp_path / "t"
+    first = run_drain(spark, config(names, nats_server.url, table, names.consumer,
+                                    "run.max_messages=100"))
+    assert first.messages_written == 100
+    prop = {"deletion_vectors": "delta.enableDeletionVectors",
+            "change_data_feed": "delta.enableChangeDataFeed"}[feature]
+    spark.sql(f"ALTER TABLE delta.`{table}` SET TBLPROPERTIES ('{prop}' = 'true')")
+    if feature == "deletion_vectors":
+        spark.sql(f"DELETE FROM delta.`{table}` WHERE seq = 7")  # in place: a deletion vector
+    version = DeltaTarget(str(table)).job_round(spark, "")[1]
+
+    second = run_drain(spark, config(names, nats_server.url, table, names.consumer))
+
+    assert (second.writer, second.writer_note, second.messages_written) == ("columnar", None, 200)
+    seqs = sorted(r.seq for r in DeltaTarget(str(table)).read(spark).select("seq").collect())
+    assert seqs == [s for s in range(1, 301) if not (feature == "deletion_vectors" and s == 7)]
+    if feature == "change_data_feed":
+        changes = spark.read.format("delta").option("readChangeFeed", "true") \
+            .option("startingVersion", version + 1).load(str(table))
+        assert sorted(r.seq for r in changes.where("_change_type = 'insert'").collect()) == \
+            list(range(101, 301))
+    info = settled(js, names.stream, names.consumer)
+    assert (info.num_pending, info.num_ack_pending) == (0, 0)
