@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -27,7 +26,7 @@ import urllib.request
 from pathlib import Path
 from typing import Self
 
-from js_etl.demo.server import free_port
+from js_etl.demo.server import free_port, stop_process
 
 ACCESS_KEY = "js-etl-test"
 SECRET_KEY = "js-etl-test-secret"  # a local test server's; never a real credential
@@ -133,14 +132,7 @@ class LocalS3Server:
 
     def stop(self, timeout: float = 3.0) -> None:
         proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, timeout)
 
     def cleanup(self) -> None:
         self.stop()

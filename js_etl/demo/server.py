@@ -58,6 +58,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def stop_process(proc: subprocess.Popen[bytes] | None, timeout: float, *,
+                 kill: bool = False) -> None:
+    """Stop a server we started, by its pid: SIGTERM (``kill``: SIGKILL at once, as a crash
+    would), SIGKILL after ``timeout`` seconds; then reap it."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 class LocalNatsServer:
     """Start, restart and stop a JetStream-enabled nats-server on 127.0.0.1.
 
@@ -130,14 +144,7 @@ class LocalNatsServer:
         """Stop the server by its pid (SIGTERM, then SIGKILL; ``kill``: SIGKILL at once, as a
         crash would) and reap it."""
         proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, timeout, kill=kill)
 
     def restart(self, *, kill: bool = False) -> None:
         """Stop (``kill``: SIGKILL) and start again on the same port with the same store."""
