@@ -196,8 +196,9 @@ def configure_s3a(spark: SparkSession, environ: Mapping[str, str] | None = None)
     leaves the session's own setting (``spark.hadoop.fs.s3a.*``) alone."""
     env = os.environ if environ is None else environ
     conf = spark._jsc.hadoopConfiguration()
-    conf.set("fs.s3.impl", "org.apache.hadoop.fs.s3a.S3AFileSystem")
-    conf.set("fs.AbstractFileSystem.s3.impl", "org.apache.hadoop.fs.s3a.S3A")
+    if conf.get("fs.s3.impl") is None:  # else the platform's own s3:// (EMRFS on EMR) stays
+        conf.set("fs.s3.impl", "org.apache.hadoop.fs.s3a.S3AFileSystem")
+        conf.set("fs.AbstractFileSystem.s3.impl", "org.apache.hadoop.fs.s3a.S3A")
     endpoint = env.get("AWS_ENDPOINT_URL")
     if endpoint:  # a store of its own (not AWS's endpoints): its buckets are paths
         conf.set("fs.s3a.endpoint", endpoint)
