@@ -78,10 +78,11 @@ def test_bench_quick_runs_every_leg_verified_and_reports_ratios(tmp_path):
 
 def test_payloads_are_json_of_the_requested_size():
     pad = b"x" * 4096
-    for size in (256, 4096):
-        body = payload(7, size, pad)
-        assert len(body) == size
-        assert json.loads(body)["id"] == 7
+    for schema in ("flat", "rich"):
+        for size in (256, 4096):
+            body = payload(7, size, pad, schema)
+            assert len(body) == size
+            assert json.loads(body)["id"] == 7
     assert json.loads(payload(123_456, 10, pad))["kind"] == "order"  # minimum size wins
 
 
@@ -93,6 +94,17 @@ def test_a_table_that_is_not_the_published_set_fails_verification():
     assert table_problems(duplicated, 3, 1, 3) == ["table rows 4 != 3"]
     missing = {**good, "rows": 2, "distinct_seq": 2, "distinct_id": 2, "max_seq": 2, "max_id": 1}
     assert len(table_problems(missing, 3, 1, 3)) == 5
+    # A decoded table must have its ids; a raw one is counted by its sequences, each row with
+    # a payload; a rich one has every rich column filled.
+    seqs = {k: v for k, v in good.items() if not k.endswith("_id")}
+    assert table_problems(seqs, 3, 1, 3) == [
+        "table has no column for distinct_id", "table has no column for min_id",
+        "table has no column for max_id"]
+    assert table_problems({**seqs, "payload_rows": 3}, 3, 1, 3, ids=False) == []
+    assert table_problems({**seqs, "payload_rows": 2}, 3, 1, 3, ids=False) == [
+        "table payload_rows 2 != 3"]
+    assert table_problems({**good, "filled": 2}, 3, 1, 3, filled=True) == ["table filled 2 != 3"]
+    assert table_problems(good, 3, 1, 3, filled=True) == ["table has no column for filled"]
 
 
 def _leg(name: str, problems: list[str]) -> dict:
@@ -204,3 +216,18 @@ def test_the_fallback_reader_counts_a_deltalake_table_in_a_child_process(tmp_pat
     assert counts == {"rows": 4, "distinct_seq": 3, "min_seq": 1, "max_seq": 3,
                       "distinct_id": 3, "min_id": 0, "max_id": 2}
     assert table_problems(counts, 3, 1, 3) == ["table rows 4 != 3"]
+
+
+def test_the_fallback_reader_counts_a_raw_table_by_its_sequences(tmp_path):
+    """A raw drain's table has no id, its payload in ``data``: read, not refused (the reader
+    used to ask for an ``id`` column and print nothing)."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from tools.bench.verify import table_counts_deltalake
+
+    write_deltalake(str(tmp_path / "raw"), pa.table({
+        "seq": pa.array([5, 6, 7], pa.int64()), "data": pa.array([b"{}", b"{}", None])}))
+    counts = table_counts_deltalake(str(tmp_path / "raw"))
+    assert counts == {"rows": 3, "distinct_seq": 3, "min_seq": 5, "max_seq": 7, "payload_rows": 2}
+    assert table_problems(counts, 3, 5, 7, ids=False) == ["table payload_rows 2 != 3"]
