@@ -86,6 +86,36 @@ def test_payloads_are_json_of_the_requested_size():
     assert json.loads(payload(123_456, 10, pad))["kind"] == "order"  # minimum size wins
 
 
+def test_rich_payloads_fill_every_field_the_peer_declares():
+    """The rich schema's payloads, read by pyarrow with the simple peer's Arrow schema (as the
+    peer reads them), have every field filled: a timestamp, a decimal of scale 4 and a nested
+    struct."""
+    import datetime
+    import decimal
+
+    import pyarrow as pa
+    import pyarrow.json as pj
+
+    from tools.bench.legs import peer_arrow_schema
+    from tools.bench.settings import SCHEMAS
+
+    schema = peer_arrow_schema("rich")
+    assert schema.names == ["id", "kind", "amount", "pad", "ts", "price", "customer"]
+    assert SCHEMAS["rich"].startswith(SCHEMAS["flat"] + ", ts TIMESTAMP, price DECIMAL(18,4), "
+                                      "customer STRUCT<id: BIGINT, name: STRING, address: ")
+    pad = b"x" * 4096
+    rows = pj.read_json(pa.BufferReader(b"\n".join(payload(i, 256, pad, "rich")
+                                                    for i in (0, 1_234, 999_999))),
+                        parse_options=pj.ParseOptions(explicit_schema=schema)).to_pylist()
+    assert [row["id"] for row in rows] == [0, 1_234, 999_999]
+    assert rows[1]["ts"] == datetime.datetime(2026, 1, 1, 0, 0, 1, 234_000,
+                                              tzinfo=datetime.UTC)
+    assert rows[1]["price"] == decimal.Decimal("1234.1234")
+    assert rows[1]["customer"] == {"id": 1_234, "name": "customer-1234",
+                                   "address": {"city": "Osaka", "zip": "01234"}}
+    assert all(value is not None for row in rows for value in row.values())
+
+
 def test_a_table_that_is_not_the_published_set_fails_verification():
     good = {"rows": 3, "distinct_seq": 3, "min_seq": 1, "max_seq": 3, "distinct_id": 3,
             "min_id": 0, "max_id": 2}
@@ -123,16 +153,20 @@ def test_a_failed_leg_is_printed_as_failed():
     result = {
         "machine": _MACHINE,
         "workloads": [{
-            "messages": 10, "size": 256, "publish": {"msg_per_s": 1},
+            "messages": 10, "size": 256, "target": "s3", "schema": "rich",
+            "publish": {"msg_per_s": 1},
             "legs": {"client_limit": _leg("client_limit", []),
                      "simple_peer": _leg("simple_peer", []),
                      "js_etl": _leg("js_etl", ["consumer num_ack_pending 3"])},
             "ratios": {"js_etl_vs_client_limit": 1.0, "js_etl_vs_simple_peer": 1.0},
             "targets": {"js_etl_vs_client_limit": 0.6, "js_etl_vs_simple_peer": 1.0}}],
-        "failed_legs": ["10x256:js_etl"], "ok": False}
+        "failed_legs": ["10x256/s3/rich:js_etl"], "ok": False}
+    result["workloads"][0]["legs"]["js_etl"]["cpu_seconds"]["store"] = 0.7
     text = format_results(result)
+    assert "10 x 256 B, target s3, schema rich" in text  # each cell says where and what
     assert "FAILED: consumer num_ack_pending 3" in text
-    assert text.rstrip().endswith("FAILED: 10x256:js_etl")
+    assert "store (SeaweedFS) CPU seconds, apart from the legs': js-etl 0.7" in text
+    assert text.rstrip().endswith("FAILED: 10x256/s3/rich:js_etl")
 
 
 def test_repeats_print_the_per_cpu_ratios_over_all_runs_too():
@@ -173,6 +207,13 @@ def test_workload_arguments_pair_messages_with_sizes(tmp_path):
     assert settings("--messages", "1000,2000,3000", "--size", "64").workloads == [
         (1000, 64), (2000, 64), (3000, 64)]
     assert settings("--memory-check", "--quick").memory_n == 20_000
+    assert (settings().targets, settings().schemas) == (("local",), ("flat",))
+    both = settings("--target", "local,s3", "--schema", "rich,flat")
+    assert (both.targets, both.schemas) == (("local", "s3"), ("rich", "flat"))
+    with pytest.raises(SystemExit):
+        settings("--target", "gcs")
+    with pytest.raises(TerminalError):  # the memory check drains local flat tables only
+        settings("--memory-check", "--target", "s3")
     with pytest.raises(TerminalError):
         settings("--messages", "1,2,3", "--size", "1,2")
     assert client_target(256) == 0.6 and client_target(4096) == 0.8
