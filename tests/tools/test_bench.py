@@ -76,6 +76,42 @@ def test_bench_quick_runs_every_leg_verified_and_reports_ratios(tmp_path):
     assert "Puller.pull" in proc.stdout
 
 
+def test_bench_quick_on_s3_with_the_rich_schema_verifies_both_tables_in_the_store(tmp_path):
+    """One tiny cell with both legs' tables in a real S3 store (SeaweedFS, started by the bench)
+    and the rich schema (a timestamp, a decimal, a nested struct): both tables verified as read
+    from the bucket with deltalake, every rich column filled, the store's CPU apart."""
+    out = tmp_path / "bench.json"
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "TZ": "UTC"}
+    proc = subprocess.run([str(BIN / "python"), "-m", "tools.bench", "--quick", "--target", "s3",
+                           "--schema", "rich", "--messages", "500", "--size", "512",
+                           "--json", str(out)],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+    result = json.loads(last_line(proc.stdout))
+    assert result["ok"] is True and result["failed_legs"] == []
+    assert result["store"]["endpoint"].startswith("http://127.0.0.1:")
+    [cell] = result["workloads"]
+    assert (cell["messages"], cell["size"], cell["target"], cell["schema"]) == (500, 512, "s3",
+                                                                                "rich")
+    for name in ("simple_peer", "js_etl"):
+        leg = cell["legs"][name]
+        assert leg["verified"] is True, (name, leg["problems"])
+        assert leg["table"].startswith("s3://js-etl-bench-")
+        assert leg["verified_with"] == "deltalake (S3 storage options)"
+        counts = leg["table_counts"]
+        assert counts["rows"] == counts["distinct_seq"] == counts["distinct_id"] == 500
+        assert counts["filled"] == 500
+        assert "store" in leg["cpu_seconds"] and "store" not in leg["cpu_seconds"]["by_kind"]
+    # The writer js-etl picked is reported, with the reason when it is Spark's.
+    ours = cell["legs"]["js_etl"]
+    assert ours["writer"] in ("columnar", "spark")
+    assert ours["writer"] == "columnar" or ours["writer_note"]
+    assert isinstance(cell["ratios"]["js_etl_vs_simple_peer"], float)
+    assert "500 x 512 B, target s3, schema rich" in proc.stdout
+    assert "counted apart from every leg" in proc.stdout
+
+
 def test_payloads_are_json_of_the_requested_size():
     pad = b"x" * 4096
     for schema in ("flat", "rich"):
