@@ -22,7 +22,6 @@ SCHEMAS = {
             "price DECIMAL(18,4), customer STRUCT<id: BIGINT, name: STRING, "
             "address: STRUCT<city: STRING, zip: STRING>>",
 }
-SCHEMA_DDL = SCHEMAS["flat"]
 # The rich columns every row of a rich table must have filled (none null): the verifier counts them.
 RICH_FILLED = ("ts", "price", "customer.address.city")
 TARGETS = ("local", "s3")
