@@ -76,13 +76,80 @@ def test_bench_quick_runs_every_leg_verified_and_reports_ratios(tmp_path):
     assert "Puller.pull" in proc.stdout
 
 
+def test_bench_quick_on_s3_with_the_rich_schema_verifies_both_tables_in_the_store(tmp_path):
+    """One tiny cell with both legs' tables in a real S3 store (SeaweedFS, started by the bench)
+    and the rich schema (a timestamp, a decimal, a nested struct): both tables verified as read
+    from the bucket with deltalake, every rich column filled, the store's CPU apart."""
+    out = tmp_path / "bench.json"
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "TZ": "UTC"}
+    proc = subprocess.run([str(BIN / "python"), "-m", "tools.bench", "--quick", "--target", "s3",
+                           "--schema", "rich", "--messages", "500", "--size", "512",
+                           "--json", str(out)],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+    result = json.loads(last_line(proc.stdout))
+    assert result["ok"] is True and result["failed_legs"] == []
+    assert result["store"]["endpoint"].startswith("http://127.0.0.1:")
+    [cell] = result["workloads"]
+    assert (cell["messages"], cell["size"], cell["target"], cell["schema"]) == (500, 512, "s3",
+                                                                                "rich")
+    for name in ("simple_peer", "js_etl"):
+        leg = cell["legs"][name]
+        assert leg["verified"] is True, (name, leg["problems"])
+        assert leg["table"].startswith("s3://js-etl-bench-")
+        assert leg["verified_with"] == "deltalake (S3 storage options)"
+        counts = leg["table_counts"]
+        assert counts["rows"] == counts["distinct_seq"] == counts["distinct_id"] == 500
+        assert counts["filled"] == 500
+        assert "store" in leg["cpu_seconds"] and "store" not in leg["cpu_seconds"]["by_kind"]
+    # The writer js-etl picked is reported, with the reason when it is Spark's.
+    ours = cell["legs"]["js_etl"]
+    assert ours["writer"] in ("columnar", "spark")
+    assert ours["writer"] == "columnar" or ours["writer_note"]
+    assert isinstance(cell["ratios"]["js_etl_vs_simple_peer"], float)
+    assert "500 x 512 B, target s3, schema rich" in proc.stdout
+    assert "counted apart from every leg" in proc.stdout
+
+
 def test_payloads_are_json_of_the_requested_size():
     pad = b"x" * 4096
-    for size in (256, 4096):
-        body = payload(7, size, pad)
-        assert len(body) == size
-        assert json.loads(body)["id"] == 7
+    for schema in ("flat", "rich"):
+        for size in (256, 4096):
+            body = payload(7, size, pad, schema)
+            assert len(body) == size
+            assert json.loads(body)["id"] == 7
     assert json.loads(payload(123_456, 10, pad))["kind"] == "order"  # minimum size wins
+
+
+def test_rich_payloads_fill_every_field_the_peer_declares():
+    """The rich schema's payloads, read by pyarrow with the simple peer's Arrow schema (as the
+    peer reads them), have every field filled: a timestamp, a decimal of scale 4 and a nested
+    struct."""
+    import datetime
+    import decimal
+
+    import pyarrow as pa
+    import pyarrow.json as pj
+
+    from tools.bench.legs import peer_arrow_schema
+    from tools.bench.settings import SCHEMAS
+
+    schema = peer_arrow_schema("rich")
+    assert schema.names == ["id", "kind", "amount", "pad", "ts", "price", "customer"]
+    assert SCHEMAS["rich"].startswith(SCHEMAS["flat"] + ", ts TIMESTAMP, price DECIMAL(18,4), "
+                                      "customer STRUCT<id: BIGINT, name: STRING, address: ")
+    pad = b"x" * 4096
+    rows = pj.read_json(pa.BufferReader(b"\n".join(payload(i, 256, pad, "rich")
+                                                    for i in (0, 1_234, 999_999))),
+                        parse_options=pj.ParseOptions(explicit_schema=schema)).to_pylist()
+    assert [row["id"] for row in rows] == [0, 1_234, 999_999]
+    assert rows[1]["ts"] == datetime.datetime(2026, 1, 1, 0, 0, 1, 234_000,
+                                              tzinfo=datetime.UTC)
+    assert rows[1]["price"] == decimal.Decimal("1234.1234")
+    assert rows[1]["customer"] == {"id": 1_234, "name": "customer-1234",
+                                   "address": {"city": "Osaka", "zip": "01234"}}
+    assert all(value is not None for row in rows for value in row.values())
 
 
 def test_a_table_that_is_not_the_published_set_fails_verification():
@@ -93,6 +160,17 @@ def test_a_table_that_is_not_the_published_set_fails_verification():
     assert table_problems(duplicated, 3, 1, 3) == ["table rows 4 != 3"]
     missing = {**good, "rows": 2, "distinct_seq": 2, "distinct_id": 2, "max_seq": 2, "max_id": 1}
     assert len(table_problems(missing, 3, 1, 3)) == 5
+    # A decoded table must have its ids; a raw one is counted by its sequences, each row with
+    # a payload; a rich one has every rich column filled.
+    seqs = {k: v for k, v in good.items() if not k.endswith("_id")}
+    assert table_problems(seqs, 3, 1, 3) == [
+        "table has no column for distinct_id", "table has no column for min_id",
+        "table has no column for max_id"]
+    assert table_problems({**seqs, "payload_rows": 3}, 3, 1, 3, ids=False) == []
+    assert table_problems({**seqs, "payload_rows": 2}, 3, 1, 3, ids=False) == [
+        "table payload_rows 2 != 3"]
+    assert table_problems({**good, "filled": 2}, 3, 1, 3, filled=True) == ["table filled 2 != 3"]
+    assert table_problems(good, 3, 1, 3, filled=True) == ["table has no column for filled"]
 
 
 def _leg(name: str, problems: list[str]) -> dict:
@@ -111,16 +189,20 @@ def test_a_failed_leg_is_printed_as_failed():
     result = {
         "machine": _MACHINE,
         "workloads": [{
-            "messages": 10, "size": 256, "publish": {"msg_per_s": 1},
+            "messages": 10, "size": 256, "target": "s3", "schema": "rich",
+            "publish": {"msg_per_s": 1},
             "legs": {"client_limit": _leg("client_limit", []),
                      "simple_peer": _leg("simple_peer", []),
                      "js_etl": _leg("js_etl", ["consumer num_ack_pending 3"])},
             "ratios": {"js_etl_vs_client_limit": 1.0, "js_etl_vs_simple_peer": 1.0},
             "targets": {"js_etl_vs_client_limit": 0.6, "js_etl_vs_simple_peer": 1.0}}],
-        "failed_legs": ["10x256:js_etl"], "ok": False}
+        "failed_legs": ["10x256/s3/rich:js_etl"], "ok": False}
+    result["workloads"][0]["legs"]["js_etl"]["cpu_seconds"]["store"] = 0.7
     text = format_results(result)
+    assert "10 x 256 B, target s3, schema rich" in text  # each cell says where and what
     assert "FAILED: consumer num_ack_pending 3" in text
-    assert text.rstrip().endswith("FAILED: 10x256:js_etl")
+    assert "store (SeaweedFS) CPU seconds, apart from the legs': js-etl 0.7" in text
+    assert text.rstrip().endswith("FAILED: 10x256/s3/rich:js_etl")
 
 
 def test_repeats_print_the_per_cpu_ratios_over_all_runs_too():
@@ -161,6 +243,13 @@ def test_workload_arguments_pair_messages_with_sizes(tmp_path):
     assert settings("--messages", "1000,2000,3000", "--size", "64").workloads == [
         (1000, 64), (2000, 64), (3000, 64)]
     assert settings("--memory-check", "--quick").memory_n == 20_000
+    assert (settings().targets, settings().schemas) == (("local",), ("flat",))
+    both = settings("--target", "local,s3", "--schema", "rich,flat")
+    assert (both.targets, both.schemas) == (("local", "s3"), ("rich", "flat"))
+    with pytest.raises(SystemExit):
+        settings("--target", "gcs")
+    with pytest.raises(TerminalError):  # the memory check drains local flat tables only
+        settings("--memory-check", "--target", "s3")
     with pytest.raises(TerminalError):
         settings("--messages", "1,2,3", "--size", "1,2")
     assert client_target(256) == 0.6 and client_target(4096) == 0.8
@@ -204,3 +293,18 @@ def test_the_fallback_reader_counts_a_deltalake_table_in_a_child_process(tmp_pat
     assert counts == {"rows": 4, "distinct_seq": 3, "min_seq": 1, "max_seq": 3,
                       "distinct_id": 3, "min_id": 0, "max_id": 2}
     assert table_problems(counts, 3, 1, 3) == ["table rows 4 != 3"]
+
+
+def test_the_fallback_reader_counts_a_raw_table_by_its_sequences(tmp_path):
+    """A raw drain's table has no id, its payload in ``data``: read, not refused (the reader
+    used to ask for an ``id`` column and print nothing)."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from tools.bench.verify import table_counts_deltalake
+
+    write_deltalake(str(tmp_path / "raw"), pa.table({
+        "seq": pa.array([5, 6, 7], pa.int64()), "data": pa.array([b"{}", b"{}", None])}))
+    counts = table_counts_deltalake(str(tmp_path / "raw"))
+    assert counts == {"rows": 3, "distinct_seq": 3, "min_seq": 5, "max_seq": 7, "payload_rows": 2}
+    assert table_problems(counts, 3, 5, 7, ids=False) == ["table payload_rows 2 != 3"]

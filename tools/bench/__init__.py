@@ -48,6 +48,12 @@ leg verified like the others; it reports each leg's rate, phase seconds and load
 the ratios cluster-N / local-N and each leg's rate over its N=1 leg's. It needs the ``dev``
 extra (venv-pack) and a source checkout (the executors get this checkout's wheel).
 
+``--target local|s3`` puts both legs' tables in the work directory or in a SeaweedFS S3 server
+the bench starts once (:mod:`tools.object_store`; its process's CPU is reported as the store's,
+in no leg's), a bucket per run; ``--schema flat|rich`` adds a TIMESTAMP, a DECIMAL(18,4) and a
+nested STRUCT to the payload. Lists of both run every workload on each target with each schema,
+one cell each, and the result names the target and schema of every cell.
+
 Rates are wall-clock; next to them the bench prints CPU seconds of its own processes against
 the busy CPU seconds of the whole machine (other load shows as the difference) and messages per
 CPU-second, whose ratios are less sensitive to other load. ``--repeat K`` alternates the legs K
@@ -58,6 +64,7 @@ The last stdout line is the whole result as JSON (also written to ``--json PATH`
     python -m tools.bench                  # 1,000,000 x 256 B and 200,000 x 4 KiB (minutes)
     python -m tools.bench --quick          # 20,000 x 256 B and 5,000 x 4 KiB (a smoke run)
     python -m tools.bench --messages 500000 --size 1024 --set fetch.batch=2000 --json b.json
+    python -m tools.bench --target local,s3 --schema flat,rich   # four cells per workload
     python -m tools.bench --memory-check   # js-etl at 1,000,000 and 4,000,000 x 256 B
     python -m tools.bench --cluster 1,2,4  # spark-submit on a standalone cluster vs local[N]
 

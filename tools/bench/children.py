@@ -27,8 +27,10 @@ class RssSampler:
 
     Categories: ``driver`` (the process running the drain, ``driver_pid``), ``jvm``, ``workers``
     (other Python processes, or only ``worker_pids`` and their children), ``server``
-    (nats-server), ``bench`` (this process when it is not the driver), ``other``. Peaks are per
-    category; ``total`` is driver + JVM + workers at the same instant.
+    (nats-server), ``bench`` (this process when it is not the driver), ``other``, and ``store``
+    (the object store's process, ``store_pid``: SeaweedFS, when tables are on S3). Peaks are per
+    category; ``total`` is driver + JVM + workers at the same instant. The store's CPU is kept
+    apart from ``ours``: it serves the tables of every leg, it is no leg's own work.
     """
 
     def __init__(self, interval: float = SAMPLE_SECONDS) -> None:
@@ -39,6 +41,7 @@ class RssSampler:
         self.interval = interval
         self.driver_pid: int | None = os.getpid()
         self.worker_pids: set[int] | None = None
+        self.store_pid: int | None = None
         self._lock = threading.Lock()
         self._peaks: dict[str, int] = {}
         self._seen: dict[tuple[int, float], _Seen] = {}
@@ -65,6 +68,8 @@ class RssSampler:
             return "driver"
         if proc.pid == self.root.pid:
             return "bench"
+        if proc.pid == self.store_pid:
+            return "store"
         name = proc.name()
         if name.startswith("java"):
             return "jvm"
@@ -129,6 +134,7 @@ class RssSampler:
             for seen in self._seen.values():
                 by_kind[seen.category] = (by_kind.get(seen.category, 0.0)
                                           + seen.last_cpu - seen.first_cpu)
+            store = by_kind.pop("store", 0.0)
             ours = sum(by_kind.values())
             box1 = self._psutil.cpu_times()
             busy = _busy(box1) - _busy(self._box0)
@@ -136,10 +142,11 @@ class RssSampler:
         cpus = self._psutil.cpu_count() or 1
         return {
             "peak_rss_mib": {k: peaks.get(k, 0.0) for k in
-                             ("driver", "jvm", "workers", "total", "server")},
+                             ("driver", "jvm", "workers", "total", "server", "store")},
             "cpu_seconds": {"ours": round(ours, 2), "server": round(by_kind.get("server", 0.0), 2),
+                            "store": round(store, 2),
                             "box_busy": round(busy, 2), "box_available": round(wall * cpus, 2),
-                            "others": round(max(busy - ours, 0.0), 2),
+                            "others": round(max(busy - ours - store, 0.0), 2),
                             "by_kind": {kind: round(cpu, 2) for kind, cpu in sorted(
                                 by_kind.items())}},
         }

@@ -9,7 +9,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import tools.bench as bench_package
@@ -28,6 +28,8 @@ from tools.bench.settings import (
     PEER_BATCH,
     QUICK_MEMORY_N,
     QUICK_WORKLOADS,
+    SCHEMAS,
+    TARGETS,
     WARMUP_MESSAGES,
     Settings,
 )
@@ -53,12 +55,35 @@ def _legs(text: str) -> tuple[str, ...]:
     return names
 
 
+def _choices(allowed: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
+    def parse(text: str) -> tuple[str, ...]:
+        names = tuple(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
+        unknown = [x for x in names if x not in allowed]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(f"unknown value(s) {unknown}; choose from "
+                                             f"{', '.join(allowed)}")
+        return names
+
+    return parse
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--messages", type=_int_list, metavar="N[,N...]",
                         help="messages per workload (default 1000000,200000; --quick 20000,5000)")
     parser.add_argument("--size", type=_int_list, metavar="BYTES[,BYTES...]",
                         help="payload bytes per workload, paired with --messages (default "
                              "256,4096); one value applies to every workload")
+    parser.add_argument("--target", type=_choices(TARGETS), default=("local",),
+                        metavar="local|s3[,...]",
+                        help="where both legs' tables go: local directories, or s3 (a SeaweedFS "
+                             "S3 server the bench starts once, its CPU counted apart from the "
+                             "legs; a bucket per run); a list runs every workload on each "
+                             "(default local)")
+    parser.add_argument("--schema", type=_choices(tuple(SCHEMAS)), default=("flat",),
+                        metavar="flat|rich[,...]",
+                        help="the payload's fields: flat (id, kind, amount, pad) or rich (those "
+                             "plus a TIMESTAMP, a DECIMAL(18,4) and a nested STRUCT); a list "
+                             "runs every workload with each (default flat)")
     parser.add_argument("--quick", action="store_true",
                         help="a small smoke run (20,000 x 256 B and 5,000 x 4 KiB)")
     parser.add_argument("--partitions", type=int,
@@ -109,6 +134,10 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         if len(args.messages or []) > 1 or len(args.size or []) > 1:
             raise TerminalError("--cluster runs one workload: give one --messages and one --size")
         defaults = ((CLUSTER_MESSAGES, CLUSTER_SIZE),)
+    if (args.cluster is not None or args.memory_check) and (
+            args.target != ("local",) or args.schema != ("flat",)):
+        raise TerminalError("--target and --schema apply to the legs' run, not to --cluster or "
+                            "--memory-check (local tables, flat schema)")
     messages = args.messages or [n for n, _ in defaults]
     sizes = args.size or ([s for _, s in defaults] if len(messages) == len(defaults)
                           else [defaults[0][1]])
@@ -137,7 +166,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         memory_warmup=args.warmup is not False,
         memory_n=args.messages[0] if args.messages else (QUICK_MEMORY_N if args.quick
                                                          else MEMORY_N),
-        memory_size=args.size[0] if args.size else MEMORY_SIZE)
+        memory_size=args.size[0] if args.size else MEMORY_SIZE,
+        targets=args.target, schemas=args.schema)
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -149,6 +179,7 @@ def run_bench(args: argparse.Namespace) -> int:
         raise TerminalError(f"the benchmark needs psutil and deltalake ({e.name} is missing): "
                             "pip install -e '.[dev]'") from None
     from js_etl.demo.server import LocalNatsServer
+    from tools.object_store import LocalS3Server
 
     settings = settings_from_args(args)
     if args.cluster is not None:
@@ -160,19 +191,37 @@ def run_bench(args: argparse.Namespace) -> int:
     os.environ.setdefault("TZ", "UTC")
     settings.workdir.mkdir(parents=True, exist_ok=True)
     out = lambda text: print(text, flush=True)  # noqa: E731
+    store: LocalS3Server | None = None
+    saved: dict[str, str | None] = {}  # the AWS_* variables as they were, put back at the end
     try:
         with LocalNatsServer(settings.workdir / "nats") as server:
             out(f"nats-server {server.url} (pid {server.pid}), work dir {settings.workdir}")
+            if "s3" in settings.targets:
+                # One store for the whole run; js-etl reads it from this process's AWS_*
+                # variables, the simple peer gets the same as deltalake storage options.
+                store = LocalS3Server(settings.workdir / "s3").start()
+                saved = {name: os.environ.get(name) for name in store.environment()}
+                os.environ.update(store.environment())
+                out(f"SeaweedFS S3 store {store.endpoint} (pid {store.pid}): tables of the s3 "
+                    "target, a bucket per run; its CPU is the store's, counted apart from "
+                    "every leg")
             bench: Bench | ClusterBench
             if args.cluster is not None:
                 bench = ClusterBench(settings, args.cluster, server.url, out)
             else:
-                bench = Bench(settings, server.url, out)
+                bench = Bench(settings, server.url, out, store)
             try:
                 result = bench.run()
             finally:
                 bench.close()
     finally:
+        if store is not None:
+            store.cleanup()
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
         if not settings.keep:
             shutil.rmtree(settings.workdir, ignore_errors=True)
     out(format_cluster(result) if args.cluster is not None else format_results(result))

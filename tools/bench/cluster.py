@@ -97,7 +97,7 @@ class ClusterBench:
                  ) -> list[str]:
         """The drain's --set flags: the bench's config (user --set included), with the master
         left to spark-submit and fetch.partitions = N."""
-        sets = [o for o in self.bench.overrides(stream, consumer, str(table.name))
+        sets = [o for o in self.bench.overrides(stream, consumer, str(table))
                 if not o.startswith(("spark.master=", "fetch.partitions="))]
         sets.append(f"fetch.partitions={n}")
         return [*(a for s in sets for a in ("--set", s)), "--report-file", str(report)]

@@ -128,10 +128,27 @@ def natspy_child(index: int, url: str, stream: str, durable: str, batch: int,
                 connect=_connect_nats_py)
 
 
+def peer_arrow_schema(schema: str) -> Any:
+    """The payload's fields as the simple peer declares them: the Arrow types a user would write
+    by hand for ``SCHEMAS[schema]`` (tools.bench.settings)."""
+    import pyarrow as pa
+
+    fields = [("id", pa.int64()), ("kind", pa.string()), ("amount", pa.float64()),
+              ("pad", pa.string())]
+    if schema == "rich":
+        fields += [("ts", pa.timestamp("us", tz="UTC")), ("price", pa.decimal128(18, 4)),
+                   ("customer", pa.struct([
+                       ("id", pa.int64()), ("name", pa.string()),
+                       ("address", pa.struct([("city", pa.string()), ("zip", pa.string())]))]))]
+    return pa.schema(fields)
+
+
 def peer_child(index: int, url: str, stream: str, durable: str, table: str, batch: int,
-               max_bytes: int, pull_timeout: float, events: Any, go: Any) -> None:
-    """Simple-peer leg: pull a batch → pyarrow table (JSON decoded by pyarrow) → deltalake
-    append → ack, in one process."""
+               max_bytes: int, pull_timeout: float, schema_name: str,
+               storage: dict[str, str] | None, events: Any, go: Any) -> None:
+    """Simple-peer leg: pull a batch → pyarrow table (JSON decoded by pyarrow with the declared
+    schema) → deltalake append (to an ``s3://`` table with ``storage`` as its storage options)
+    → ack, in one process."""
 
     def prepare(conn: JetStreamConnection) -> Callable[[], Awaitable[dict[str, Any]]]:
         import pyarrow as pa
@@ -141,8 +158,7 @@ def peer_child(index: int, url: str, stream: str, durable: str, table: str, batc
 
         from js_etl.jetstream.subjects import ack_prefix, parse_ack_columns
 
-        schema = pa.schema([("id", pa.int64()), ("kind", pa.string()),
-                            ("amount", pa.float64()), ("pad", pa.string())])
+        schema = peer_arrow_schema(schema_name)
         parse = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
         writes = 0
 
@@ -165,7 +181,7 @@ def peer_child(index: int, url: str, stream: str, durable: str, table: str, batc
                 "published_at": published,
                 **{name: decoded.column(name) for name in schema.names},
                 "date": pc.cast(published, pa.date32()),
-            }), mode="append", partition_by=["date"])
+            }), mode="append", partition_by=["date"], storage_options=storage)
             writes += 1
 
         async def drain() -> dict[str, Any]:

@@ -135,11 +135,24 @@ def format_results(result: dict[str, Any]) -> str:
         "MB = 10^6 payload bytes; RSS peaks in MiB (workers = Python worker processes, summed); "
         "cpu = CPU seconds of our processes / busy CPU seconds of the whole box",
     ]
-    if "spark_startup_seconds" in result:
-        lines.append(f"spark start-up {result['spark_startup_seconds']} s, warm-up drain "
-                     f"{result.get('warmup_seconds', '-')} s (both outside the timed legs)")
+    starts = result.get("spark_starts") or (
+        [result] if "spark_startup_seconds" in result else [])
+    for start in starts:
+        warmup = start.get("warmup_seconds", "-")
+        if isinstance(warmup, dict):
+            warmup = ", ".join(f"{target} {seconds} s" for target, seconds in warmup.items())
+        else:
+            warmup = f"{warmup} s"
+        schema = f" ({start['schema']} schema)" if "schema" in start else ""
+        lines.append(f"spark start-up{schema} {start.get('spark_startup_seconds', '-')} s, "
+                     f"warm-up drain {warmup} (both outside the timed legs)")
+    store = result.get("store")
+    if store:
+        lines.append(f"s3 target: {store['kind']} at {store['endpoint']}, its own process; its CPU "
+                     "is the store's, not in any leg's cpu or msg/cpu-s")
     for w in result.get("workloads", []):
-        lines += ["", f"{w['messages']:,} x {w['size']} B  (published at "
+        where = (f", target {w['target']}, schema {w['schema']}" if "target" in w else "")
+        lines += ["", f"{w['messages']:,} x {w['size']} B{where}  (published at "
                       f"{w['publish']['msg_per_s']:,} msg/s)",
                   f"{'leg':<13} {'procs':>5} {'msgs':>10} {'seconds':>8} {'msg/s':>9} "
                   f"{'MB/s':>7} {'driver':>7} {'JVM':>6} {'workers':>7} {'cpu':>11} "
@@ -197,6 +210,12 @@ def format_results(result: dict[str, Any]) -> str:
                  if (by := leg.get("cpu_seconds", {}).get("by_kind"))]
         if kinds:
             lines.append("CPU seconds by process kind: " + "; ".join(kinds))
+        stored = [f"{LEG_LABELS[name]} {leg['cpu_seconds']['store']:.1f}"
+                  for name, leg in w["legs"].items()
+                  if leg.get("cpu_seconds", {}).get("store")]
+        if stored:
+            lines.append("store (SeaweedFS) CPU seconds, apart from the legs': "
+                         + "; ".join(stored))
     mc = result.get("memory_check")
     if mc:
         lines += ["", f"memory check: js-etl leg at N and 4xN messages of {mc['size']} B, each "

@@ -1,5 +1,7 @@
-"""One bench run against a running nats-server: publish each workload once, run the selected
-legs on fresh consumers (alternating over repeats), verify them, or run the memory check."""
+"""One bench run against a running nats-server (and, for tables on S3, a running object store):
+for each schema, publish each workload once, and for each target run the selected legs on fresh
+consumers of that stream (alternating over repeats) and verify them — one cell per workload,
+target and schema; or run the memory check."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from tools.bench.settings import (
     PARTITION_BY,
     PEER_MAX_BYTES,
     PEER_TARGET,
-    SCHEMA_DDL,
+    SCHEMAS,
     WARMUP_MESSAGES,
     Settings,
     client_target,
@@ -40,20 +42,31 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from js_etl.config import JobConfig
+    from tools.object_store import LocalS3Server
 
 
 class Bench:
     """One run: owns the bench's JetStream session, sampler and Spark session (``close()``
-    releases them); ``run()`` returns the whole result as the JSON-able dict printed last."""
+    releases them); ``run()`` returns the whole result as the JSON-able dict printed last.
+    ``store``: the running object store of the ``s3`` target (its process's CPU is counted as
+    the store's, apart from the legs'); its AWS_* variables are this process's already, as
+    js-etl reads them."""
 
-    def __init__(self, settings: Settings, url: str, out: Callable[[str], None]) -> None:
+    def __init__(self, settings: Settings, url: str, out: Callable[[str], None],
+                 store: LocalS3Server | None = None) -> None:
         self.s = settings
         self.url = url
         self.out = out
+        self.store = store
         self.js = JetStreamSession(ConnectionOptions(servers=(url,), name="js-etl-bench"))
-        self.sampler = RssSampler().start()
+        self.sampler = RssSampler()
+        if store is not None:
+            self.sampler.store_pid = store.pid
+        self.sampler.start()
         self.spark: SparkSession | None = None
+        self.spark_columnar: bool | None = None  # the JVM's flavour (see start_spark)
         self.counter = 0
+        self.buckets = 0
 
     def close(self) -> None:
         self.sampler.stop()
@@ -68,13 +81,18 @@ class Bench:
 
     # config ---------------------------------------------------------------------------------
     def overrides(self, stream: str = "BENCH", consumer: str = "jsetl",
-                  table: str = "t") -> list[str]:
+                  table: str | None = None, schema: str = "flat") -> list[str]:
         """The js-etl drain config as overrides: bench defaults < user --set < what the bench
-        owns (server, stream, consumer, table)."""
+        owns (server, stream, consumer, table: a location, by default ``t`` in the work
+        directory). A user's ``--set decode.format=raw`` (or ``text``) drops the bench's
+        decode.schema, which only a json drain takes."""
         from js_etl.config import load_config
 
-        base = ["decode.format=json", f"decode.schema={SCHEMA_DDL}",
-                f"target.partition_by=[{PARTITION_BY}]"]
+        formats = [o.split("=", 1)[1].strip() for o in self.s.overrides
+                   if o.split("=", 1)[0].strip() == "decode.format"]
+        base = ["decode.format=json", f"target.partition_by=[{PARTITION_BY}]"]
+        if (formats or ["json"])[-1] == "json":
+            base.insert(1, f"decode.schema={SCHEMAS[schema]}")
         if self.s.partitions is not None:
             base.append(f"fetch.partitions={self.s.partitions}")
         probe = load_config(None, [*base, "source.stream=x", "source.consumer=x",
@@ -82,17 +100,49 @@ class Bench:
         base.append(f"spark.master=local[{max(probe.fetch.partitions, 2)}]")
         owned = [f"nats.servers={self.url}", f"source.stream={stream}",
                  f"source.consumer={consumer}", "source.create_consumer=false",
-                 f"target.path={self.s.workdir / table}"]
+                 f"target.path={table or self.s.workdir / 't'}"]
         return [*base, *self.s.overrides, *owned]
 
-    def config(self, stream: str = "BENCH", consumer: str = "jsetl", table: str = "t"
-               ) -> JobConfig:
+    def config(self, stream: str = "BENCH", consumer: str = "jsetl", table: str | None = None,
+               schema: str = "flat") -> JobConfig:
         from js_etl.config import load_config
 
-        return load_config(None, self.overrides(stream, consumer, table), environ={})
+        return load_config(None, self.overrides(stream, consumer, table, schema), environ={})
+
+    # tables -------------------------------------------------------------------------------------
+    def new_bucket(self) -> str:
+        """A fresh bucket of the store, for one run of a cell (both legs' tables)."""
+        assert self.store is not None
+        self.buckets += 1
+        bucket = f"js-etl-bench-{self.buckets}"
+        self.store.create_bucket(bucket)
+        return bucket
+
+    def location(self, name: str, bucket: str | None) -> str:
+        """Where a table called ``name`` goes: in the work directory, or in ``bucket``."""
+        return f"s3://{bucket}/{name}" if bucket else str(self.s.workdir / name)
+
+    def storage(self, location: str) -> dict[str, str] | None:
+        """The storage options of a table on the store: its AWS_* variables; None if local."""
+        return self.store.environment() if location.startswith("s3://") and self.store else None
+
+    def remove_table(self, location: str) -> None:
+        """Delete a table and its dead-letter table (``<table>_dead_letters``)."""
+        if not location.startswith("s3://"):
+            shutil.rmtree(location, ignore_errors=True)
+            shutil.rmtree(location + "_dead_letters", ignore_errors=True)
+            return
+        import obstore
+
+        assert self.store is not None
+        bucket, _, name = location.removeprefix("s3://").partition("/")
+        store = self.store.store(bucket)
+        for prefix in (name, name + "_dead_letters"):
+            for batch in obstore.list(store, prefix=prefix):
+                obstore.delete(store, [meta["path"] for meta in batch])
 
     # stream and consumers ----------------------------------------------------------------------
-    def publish(self, n: int, size: int) -> dict[str, Any]:
+    def publish(self, n: int, size: int, schema: str = "flat") -> dict[str, Any]:
         from js_etl.demo.publish import publish, wait_for_messages
 
         self.counter += 1
@@ -104,7 +154,7 @@ class Bench:
         def messages() -> Iterator[tuple[str, bytes]]:
             nonlocal total
             for i in range(n):
-                body = payload(i, size, pad)
+                body = payload(i, size, pad, schema)
                 total += len(body)
                 yield subject, body
 
@@ -115,7 +165,7 @@ class Bench:
         state = self.js.stream_info(stream).state
         if state.messages != n:
             raise TerminalError(f"stream {stream} holds {state.messages} messages, expected {n}")
-        return {"stream": stream, "seconds": round(seconds, 2),
+        return {"stream": stream, "schema": schema, "seconds": round(seconds, 2),
                 "msg_per_s": round(n / seconds), "payload_bytes": total,
                 "first_seq": state.first_seq, "last_seq": state.last_seq,
                 "stream_bytes": state.bytes}
@@ -129,14 +179,14 @@ class Bench:
         return consumer_problems(self.js, stream, durable)
 
     # legs ---------------------------------------------------------------------------------------
-    def client_leg(self, pub: dict[str, Any], n: int, config: JobConfig, run: int) -> Leg:
+    def client_leg(self, pub: dict[str, Any], n: int, config: JobConfig, run: str) -> Leg:
         fetch = config.fetch
         return self._pull_loop_leg(
             "client_limit", client_child, (fetch.batch, fetch.max_bytes, fetch.pull_timeout),
             pub, n, fetch.partitions, f"client{run}",
             {"batch": fetch.batch, "max_bytes": fetch.max_bytes})
 
-    def natspy_leg(self, pub: dict[str, Any], n: int, config: JobConfig, run: int) -> Leg:
+    def natspy_leg(self, pub: dict[str, Any], n: int, config: JobConfig, run: str) -> Leg:
         """Like the client limit (same processes, batch, consumer settings), through nats-py's
         own ``fetch``; nats-py has no byte limit per pull, so ``fetch.max_bytes`` does not apply.
         Timed to each process's last ack: a process that finds nothing left waits out a fetch."""
@@ -168,11 +218,11 @@ class Bench:
                     "client_cpu_seconds": round(sum(r["cpu"] for r in results), 2),
                     "consumer": state})
 
-    def peer_leg(self, pub: dict[str, Any], n: int, run: int) -> Leg:
+    def peer_leg(self, pub: dict[str, Any], n: int, run: str, table: str) -> Leg:
         stream, durable = pub["stream"], f"peer{run}"
-        table = str(self.s.workdir / f"{stream}_peer{run}")
         self.add_consumer(stream, durable, -1)
-        args = [(self.url, stream, durable, table, self.s.peer_batch, PEER_MAX_BYTES, 10.0)]
+        args = [(self.url, stream, durable, table, self.s.peer_batch, PEER_MAX_BYTES, 10.0,
+                 pub["schema"], self.storage(table))]
         [result] = run_children(peer_child, args, timeout=120 + n / 500,
                                 before_go=lambda _infos, pids: self.sampler.reset(None, pids))
         memory = self.sampler.snapshot()
@@ -183,13 +233,13 @@ class Bench:
                    {"batch": self.s.peer_batch, "max_bytes": PEER_MAX_BYTES,
                     "pulls": result["pulls"], "delta_commits": result["writes"],
                     "peer_cpu_seconds": round(result["cpu"], 2), "consumer": state,
-                    "table": table})
+                    "table": table, "expect": {"ids": True, "filled": pub["schema"] == "rich"}})
 
-    def js_etl_leg(self, pub: dict[str, Any], n: int, run: int) -> Leg:
+    def js_etl_leg(self, pub: dict[str, Any], n: int, run: str, table: str) -> Leg:
         from js_etl.drain.run import run_drain
 
         stream, durable = pub["stream"], f"jsetl{run}"
-        config = self.config(stream, durable, f"{stream}_jsetl{run}")
+        config = self.config(stream, durable, table, pub["schema"])
         self.add_consumer(stream, durable,
                           config.source.max_ack_pending or JS_ETL_MAX_ACK_PENDING)
         assert self.spark is not None
@@ -204,6 +254,7 @@ class Bench:
         if report.dead_letters:
             problems.append(f"run report: {report.dead_letters} dead letters")
         consumer, state = self.consumer_problems(stream, durable)
+        json = config.decode.format == "json"
         return Leg("js_etl", config.fetch.partitions, report.messages_written, seconds,
                    pub["payload_bytes"], problems + consumer, memory,
                    {"batch": config.fetch.batch, "max_bytes": config.fetch.max_bytes,
@@ -211,60 +262,133 @@ class Bench:
                     "rounds": report.rounds, "phase_seconds": report.phase_seconds,
                     "writer": report.writer, "writer_note": report.writer_note,
                     "run_seconds": report.seconds, "stopped_because": report.stopped_because,
-                    "consumer": state, "table": config.target.path})
+                    "consumer": state, "table": config.target.path,
+                    # a raw or text drain keeps the payload whole: no ids to count
+                    "expect": {"ids": json, "filled": json and pub["schema"] == "rich"}})
 
     def verify_table(self, leg: Leg, n: int, pub: dict[str, Any]) -> None:
-        """Read the leg's table back with Spark; if Spark is unusable (an earlier leg killed
-        its JVM), with deltalake in a child process."""
+        """Read the leg's table back: one on S3 with deltalake (in a child process, with the
+        store's storage options); a local one with Spark, or, if Spark is unusable (an earlier
+        leg killed its JVM), like one on S3."""
         path = leg.details["table"]
         try:
+            if self.storage(path) is not None:
+                raise RuntimeError("a table on S3")
             if self.spark is None:
                 raise RuntimeError("Spark did not start")
             counts = table_counts(self.spark, path)
             leg.details["verified_with"] = "spark"
         except Exception as spark_error:
             try:
-                counts = table_counts_deltalake(path)
-                leg.details["verified_with"] = (f"deltalake (Spark unusable: "
-                                                f"{first_line(spark_error)})")
+                counts = table_counts_deltalake(path, storage=self.storage(path))
+                leg.details["verified_with"] = (
+                    "deltalake (S3 storage options)" if self.storage(path) is not None else
+                    f"deltalake (Spark unusable: {first_line(spark_error)})")
             except Exception as e:  # a missing or unreadable table fails the leg, not the bench
                 leg.problems.append(f"table unreadable: {first_line(e)}")
                 return
         leg.details["table_counts"] = counts
-        leg.problems.extend(table_problems(counts, n, pub["first_seq"], pub["last_seq"]))
+        expect = leg.details.get("expect", {})
+        leg.problems.extend(table_problems(counts, n, pub["first_seq"], pub["last_seq"],
+                                           ids=expect.get("ids", True),
+                                           filled=expect.get("filled", False)))
 
     # the whole run --------------------------------------------------------------------------------
-    def start_spark(self) -> dict[str, Any]:
-        t0 = time.monotonic()
-        self.spark = start_spark(self.config())
-        info: dict[str, Any] = {"spark_startup_seconds": round(time.monotonic() - t0, 2)}
-        self.out(f"spark {self.spark.version} started in {info['spark_startup_seconds']} s "
-                 f"(master {self.spark.sparkContext.master}; not timed)")
+    def start_spark(self, schema: str) -> dict[str, Any]:
+        """Spark for the js-etl drains of ``schema``, its JVM started as ``js-etl drain`` starts
+        it for that config (:func:`tools.bench.verify.start_spark`: the columnar writer's JVM
+        runs C1 only, Spark's writer's both compilers). A session whose JVM is of the other
+        flavour is stopped with its JVM first. Then, unless ``--no-warmup``, a small untimed
+        drain per target, so no timed leg pays JIT, Delta's or S3A's first use."""
+        from js_etl.drain.writers.columnar_plan import expects_columnar
+
+        config = self.config(schema=schema)
+        columnar = expects_columnar(config)
+        info: dict[str, Any] = {"schema": schema, "columnar_jvm": columnar}
+        if self.spark is None or self.spark_columnar != columnar:
+            if self.spark is not None:
+                self.stop_spark_jvm()
+            t0 = time.monotonic()
+            self.spark = start_spark(config)
+            self.spark_columnar = columnar
+            info["spark_startup_seconds"] = round(time.monotonic() - t0, 2)
+            self.out(f"spark {self.spark.version} started in {info['spark_startup_seconds']} s "
+                     f"(master {self.spark.sparkContext.master}; JVM for "
+                     f"{'the columnar' if columnar else 'Spark' + chr(39) + 's'} writer, as "
+                     f"js-etl drain starts it for the {schema} schema; not timed)")
         if self.s.warmup:
             from js_etl.drain.run import run_drain
 
-            pub = self.publish(WARMUP_MESSAGES, 256)
-            self.add_consumer(pub["stream"], "warmup", JS_ETL_MAX_ACK_PENDING)
-            t0 = time.monotonic()
-            report = run_drain(self.spark, self.config(pub["stream"], "warmup", "warmup"))
-            info["warmup_seconds"] = round(time.monotonic() - t0, 2)
-            info["warmup_messages"] = report.messages_written
-            self.js.run(self.js.admin.delete_stream(pub["stream"]))
-            self.out(f"warm-up drain of {WARMUP_MESSAGES:,} messages: "
-                     f"{info['warmup_seconds']} s (JIT, Delta classes; not timed)")
+            info["warmup_seconds"] = {}
+            for target in self.s.targets:
+                pub = self.publish(WARMUP_MESSAGES, 256, schema)
+                self.add_consumer(pub["stream"], "warmup", JS_ETL_MAX_ACK_PENDING)
+                bucket = self.new_bucket() if target == "s3" else None
+                table = self.location(f"{pub['stream']}_warmup", bucket)
+                t0 = time.monotonic()
+                report = run_drain(self.spark, self.config(pub["stream"], "warmup", table, schema))
+                info["warmup_seconds"][target] = round(time.monotonic() - t0, 2)
+                self.js.run(self.js.admin.delete_stream(pub["stream"]))
+                if not self.s.keep:
+                    self.remove_table(table)
+                self.out(f"warm-up drain of {report.messages_written:,} messages, {target} "
+                         f"table, {schema} schema: {info['warmup_seconds'][target]} s (JIT, "
+                         f"Delta classes{', S3A' if target == 's3' else ''}; not timed)")
         return info
 
-    def workload(self, n: int, size: int) -> dict[str, Any]:
-        config = self.config()
-        pub = self.publish(n, size)
-        self.out(f"\nworkload {n:,} x {size} B: published in {pub['seconds']} s "
+    def stop_spark_jvm(self) -> None:
+        """Stop the session and its JVM, so that the next one starts a JVM with its own options
+        (a stopped session leaves PySpark's JVM running, with the options it was started
+        with). The JVM exits when its standard input closes."""
+        from pyspark import SparkContext
+
+        assert self.spark is not None
+        self.spark.stop()
+        self.spark = None
+        gateway = SparkContext._gateway
+        if gateway is not None:
+            proc = getattr(gateway, "proc", None)
+            gateway.shutdown()
+            if proc is not None:
+                proc.stdin.close()
+                proc.wait(60)
+        SparkContext._gateway = None
+        SparkContext._jvm = None
+
+    def workload(self, n: int, size: int, schema: str) -> list[dict[str, Any]]:
+        """Publish ``n`` messages of ``size`` bytes of ``schema`` once; one cell per target on
+        that stream (each leg on its own fresh consumer)."""
+        pub = self.publish(n, size, schema)
+        self.out(f"\nworkload {n:,} x {size} B, {schema} schema: published in {pub['seconds']} s "
                  f"({pub['msg_per_s']:,} msg/s), stream {pub['stream']} (file storage, R1); "
                  f"load average {os.getloadavg()[0]:.2f}")
+        try:
+            return [self.cell(pub, n, size, target) for target in self.s.targets]
+        finally:
+            self.js.run(self.js.admin.delete_stream(pub["stream"]))
+
+    def cell(self, pub: dict[str, Any], n: int, size: int, target: str) -> dict[str, Any]:
+        """The selected legs on one published stream, their tables on ``target``: the legs
+        alternate over the repeats; each run of a cell on S3 writes into a bucket of its own."""
+        schema = pub["schema"]
+        config = self.config(schema=schema)
+        if len(self.s.targets) > 1:
+            self.out(f" target {target}:")
         legs: list[Leg] = []
-        runners = {"client_limit": lambda run: self.client_leg(pub, n, config, run),
-                   "simple_peer": lambda run: self.peer_leg(pub, n, run),
-                   "js_etl": lambda run: self.js_etl_leg(pub, n, run),
-                   "nats_py_fetch": lambda run: self.natspy_leg(pub, n, config, run)}
+        buckets: dict[int, str | None] = {}
+
+        def table(name: str, run_no: int) -> str:
+            if run_no not in buckets:
+                buckets[run_no] = self.new_bucket() if target == "s3" else None
+            return self.location(f"{pub['stream']}_{name}{run_no}", buckets[run_no])
+
+        def tag(run_no: int) -> str:
+            return f"{run_no}{target}"
+
+        runners = {"client_limit": lambda r: self.client_leg(pub, n, config, tag(r)),
+                   "simple_peer": lambda r: self.peer_leg(pub, n, tag(r), table("peer", r)),
+                   "js_etl": lambda r: self.js_etl_leg(pub, n, tag(r), table("jsetl", r)),
+                   "nats_py_fetch": lambda r: self.natspy_leg(pub, n, config, tag(r))}
         for run_no in range(1, self.s.repeat + 1):  # legs alternate: A B C A B C ...
             for name, runner in runners.items():
                 if name not in self.s.legs:
@@ -283,12 +407,13 @@ class Bench:
         for leg in legs:
             if "table" in leg.details:
                 self.verify_table(leg, n, pub)
-        self.js.run(self.js.admin.delete_stream(pub["stream"]))
         if not self.s.keep:
             for leg in legs:
                 if "table" in leg.details:
-                    shutil.rmtree(leg.details["table"], ignore_errors=True)
-                    shutil.rmtree(leg.details["table"] + "_dead_letters", ignore_errors=True)
+                    try:
+                        self.remove_table(leg.details["table"])
+                    except Exception as e:  # a table left in the store fails nothing
+                        self.out(f"(could not remove {leg.details['table']}: {first_line(e)})")
         summary = {name: summarize([leg for leg in legs if leg.name == name])
                    for name in runners if name in self.s.legs}
         rate = {name: leg["msg_per_s"] if leg["verified"] else 0.0
@@ -298,7 +423,8 @@ class Bench:
         pooled = {name: leg["msg_per_cpu_s_all_runs"] if leg["verified"] else 0.0
                   for name, leg in summary.items()}
         result: dict[str, Any] = {
-            "messages": n, "size": size, "publish": pub, "legs": summary,
+            "messages": n, "size": size, "target": target, "schema": schema, "publish": pub,
+            "legs": summary,
             "ratios": {"js_etl_vs_client_limit": ratio(rate.get("js_etl", 0.0),
                                                        rate.get("client_limit", 0.0)),
                        "js_etl_vs_simple_peer": ratio(rate.get("js_etl", 0.0),
@@ -339,7 +465,8 @@ class Bench:
             if self.s.memory_warmup:
                 warm_pub = self.publish(WARMUP_MESSAGES, size)
                 self.add_consumer(warm_pub["stream"], "warmup", JS_ETL_MAX_ACK_PENDING)
-                warm = self.overrides(warm_pub["stream"], "warmup", f"{warm_pub['stream']}_warm")
+                warm = self.overrides(warm_pub["stream"], "warmup",
+                                      self.location(f"{warm_pub['stream']}_warm", None))
             self.out(f"\nmemory check: {n:,} x {size} B published in {pub['seconds']} s; "
                      "draining in a fresh process and JVM"
                      + (f" after a {WARMUP_MESSAGES:,}-message warm-up drain" if warm else ""))
@@ -356,9 +483,10 @@ class Bench:
                 if kind == "drained":  # peaks of the drain, before the verification read
                     memory.update(self.sampler.snapshot())
 
+            table = self.location(f"{stream}_jsetl", None)
             [result] = run_children(
-                memory_child, [(self.overrides(stream, "jsetl", f"{stream}_jsetl"), warm, n,
-                                 pub["first_seq"], pub["last_seq"])],
+                memory_child, [(self.overrides(stream, "jsetl", table), warm, n,
+                                pub["first_seq"], pub["last_seq"])],
                 timeout=300 + n / 1_000, before_go=before_go, on_event=on_event)
             problems = list(result["problems"])
             report = result["report"]
@@ -400,10 +528,26 @@ class Bench:
             result["memory_check"] = self.memory_check()
             result["ok"] = all(r["verified"] for r in result["memory_check"]["runs"])
             return result
-        if "js_etl" in self.s.legs or "simple_peer" in self.s.legs:
-            result.update(self.start_spark())  # js-etl runs on it; tables are read back with it
-        result["workloads"] = [self.workload(n, size) for n, size in self.s.workloads]
-        failed = [f"{w['messages']}x{w['size']}:{name}" for w in result["workloads"]
+        if self.store is not None:
+            result["store"] = {"kind": "SeaweedFS (weed server -s3)",
+                               "endpoint": self.store.endpoint, "pid": self.store.pid,
+                               "cpu": "its own process: the store's CPU seconds are reported "
+                                      "per leg as cpu_seconds.store, never in a leg's cpu or "
+                                      "msg/cpu-s"}
+        result["spark_starts"] = []
+        result["workloads"] = []  # one cell per workload, target and schema
+        for schema in self.s.schemas:
+            if "js_etl" in self.s.legs or "simple_peer" in self.s.legs:
+                # js-etl runs on it; local tables are read back with it
+                result["spark_starts"].append(self.start_spark(schema))
+            for n, size in self.s.workloads:
+                result["workloads"] += self.workload(n, size, schema)
+        first = result["spark_starts"][0] if result["spark_starts"] else {}
+        for key in ("spark_startup_seconds", "warmup_seconds"):  # as before, the first start's
+            if key in first:
+                result[key] = first[key]
+        failed = [f"{w['messages']}x{w['size']}/{w['target']}/{w['schema']}:{name}"
+                  for w in result["workloads"]
                   for name, leg in w["legs"].items() if not leg["verified"]]
         result["failed_legs"] = failed
         result["ok"] = not failed
@@ -412,6 +556,8 @@ class Bench:
     def settings_dict(self) -> dict[str, Any]:
         config = self.config()
         return {"workloads": [{"messages": n, "size": s} for n, s in self.s.workloads],
+                "targets": list(self.s.targets), "schemas": list(self.s.schemas),
+                "decode_schemas": {name: SCHEMAS[name] for name in self.s.schemas},
                 "partitions": config.fetch.partitions, "fetch_batch": config.fetch.batch,
                 "fetch_max_bytes": config.fetch.max_bytes,
                 "partition_max_bytes": config.fetch.partition_max_bytes,

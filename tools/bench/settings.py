@@ -1,7 +1,9 @@
-"""What a bench run measures: its workloads, payloads, fixed parameters and targets."""
+"""What a bench run measures: its workloads, schemas and payloads, table targets, fixed
+parameters and ratio targets."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,9 +14,21 @@ CLUSTER_MESSAGES, CLUSTER_SIZE = 20_000, 1024
 MEMORY_N, QUICK_MEMORY_N, MEMORY_SIZE = 1_000_000, 20_000, 256
 MEMORY_TARGET = 1.10  # peak RSS at 4×N within 10% of N
 WARMUP_MESSAGES = 2_000
-SCHEMA_DDL = "id BIGINT, kind STRING, amount DOUBLE, pad STRING"
+# decode.schema of js-etl's leg per --schema; the simple peer declares the same as Arrow types
+# (tools.bench.legs.peer_arrow_schema). "rich" adds a timestamp, a decimal and a nested struct.
+SCHEMAS = {
+    "flat": "id BIGINT, kind STRING, amount DOUBLE, pad STRING",
+    "rich": "id BIGINT, kind STRING, amount DOUBLE, pad STRING, ts TIMESTAMP, "
+            "price DECIMAL(18,4), customer STRUCT<id: BIGINT, name: STRING, "
+            "address: STRUCT<city: STRING, zip: STRING>>",
+}
+# The rich columns every row of a rich table must have filled (none null): the verifier counts them.
+RICH_FILLED = ("ts", "price", "customer.address.city")
+TARGETS = ("local", "s3")
 PARTITION_BY = "to_date(published_at) AS date"
 KINDS = (b"order", b"refund", b"payment", b"shipment")
+CITIES = (b"Oslo", b"Lisbon", b"Osaka", b"Quito")
+RICH_EPOCH = 1_767_225_600  # 2026-01-01T00:00:00Z: message i's ts is i milliseconds later
 ACK_WAIT = 300.0  # seconds, every bench consumer
 JS_ETL_MAX_ACK_PENDING = 1_000_000
 # docs/reference/jetstream-wire-facts.md §12: 57-60k msg/s at 256 B, 13-17k at 4 KiB
@@ -35,10 +49,18 @@ def client_target(size: int) -> float:
     return 0.6 if size < 2048 else 0.8
 
 
-def payload(i: int, size: int, pad: bytes) -> bytes:
-    """A JSON object of exactly ``size`` bytes (or its minimum, ~60 B), decodable by SCHEMA_DDL."""
-    head = b'{"id":%d,"kind":"%s","amount":%d.%02d,"pad":"' % (
+def payload(i: int, size: int, pad: bytes, schema: str = "flat") -> bytes:
+    """A JSON object of exactly ``size`` bytes (or its minimum: ~60 B flat, ~220 B rich) that
+    fills every field of ``SCHEMAS[schema]``; ``pad`` comes last and takes up the rest."""
+    head = b'{"id":%d,"kind":"%s","amount":%d.%02d,' % (
         i, KINDS[i % len(KINDS)], i % 1000, i % 100)
+    if schema == "rich":
+        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(RICH_EPOCH + i // 1000)).encode()
+        head += (b'"ts":"%s.%03dZ","price":%d.%04d,"customer":{"id":%d,"name":"customer-%d",'
+                 b'"address":{"city":"%s","zip":"%05d"}},') % (
+            ts, i % 1000, i % 1_000_000, i % 10_000, i % 10_007, i % 10_007,
+            CITIES[i % len(CITIES)], i % 100_000)
+    head += b'"pad":"'
     return head + pad[:max(size - len(head) - 2, 0)] + b'"}'
 
 
@@ -63,3 +85,5 @@ class Settings:
     legs: tuple[str, ...] = DEFAULT_LEGS
     repeat: int = 1
     memory_warmup: bool = True
+    targets: tuple[str, ...] = ("local",)  # where the tables go: local directories, or S3
+    schemas: tuple[str, ...] = ("flat",)  # keys of SCHEMAS
