@@ -23,11 +23,9 @@ every commit and every ack block and raises :class:`RunRefusedError` then.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
@@ -143,14 +141,15 @@ def _describe(owner: LockOwner | None) -> str:
 def _files_for(spark: SparkSession, path: str) -> Any:
     parsed = urlparse(path)
     if parsed.scheme in ("", "file"):
-        return _LocalFile(Path(parsed.path if parsed.scheme else path))
+        return _TableFile(parsed.path if parsed.scheme else path)
     if object_store_url(path):
-        return _StoreFile(path)
+        return _TableFile(path)
     return _HadoopFile(spark, path)
 
 
-class _StoreFile:
-    """The same operations on an object store: creation is a PUT with ``If-None-Match: *``."""
+class _TableFile:
+    """The lock's file on the local disk (``O_EXCL``) or in an object store (a PUT with
+    ``If-None-Match: *``), through :class:`~js_etl.delta.store.TableFiles`."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -158,7 +157,11 @@ class _StoreFile:
         self._files = TableFiles(folder)
 
     def create_exclusive(self, data: bytes) -> bool:
-        return self._files.create(self._name, data)
+        try:
+            return self._files.create(self._name, data)
+        except OSError as e:  # under a regular file, in /proc, no permission: fix the path
+            raise TerminalError(f"cannot create the run's lock {self.path} ({e.strerror}): "
+                                "the target must be a writable directory") from None
 
     def read(self) -> bytes | None:
         return self._files.read(self._name)
@@ -168,38 +171,6 @@ class _StoreFile:
 
     def delete(self) -> None:
         self._files.remove(self._name)
-
-
-class _LocalFile:
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def create_exclusive(self, data: bytes) -> bool:
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            return False
-        except OSError as e:  # under a regular file, in /proc, no permission: fix the path
-            raise TerminalError(f"cannot create the run's lock {self.path} ({e.strerror}): "
-                                "the target must be a writable directory") from None
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        return True
-
-    def read(self) -> bytes | None:
-        try:
-            return self.path.read_bytes()
-        except FileNotFoundError:
-            return None
-
-    def replace(self, data: bytes) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, self.path)
-
-    def delete(self) -> None:
-        self.path.unlink(missing_ok=True)
 
 
 class _HadoopFile:
