@@ -17,11 +17,14 @@ a deltalake commit and the lock's creation atomic.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from js_etl.delta.rules import local_directory, object_store_url
+from js_etl.errors import ConfigError, TransientError
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -46,6 +49,36 @@ def table_root(location: str) -> str | None:
     """Where :class:`TableFiles` reaches a table at ``location``: its local directory or its
     object-store URL; None for any other store (Spark's Hadoop file systems only)."""
     return local_directory(location) or object_store_url(location)
+
+
+@contextmanager
+def _reaching(root: str) -> Iterator[None]:
+    """obstore's failures as js-etl's: refused credentials are the configuration's (exit 2),
+    anything else that is not an answer about the key (no answer after the client's retries, a
+    5xx it gave up on, credentials it could not fetch) may pass (exit 75)."""
+    from obstore.exceptions import (
+        AlreadyExistsError,
+        BaseError,
+        NotFoundError,
+        PermissionDeniedError,
+        PreconditionError,
+        UnauthenticatedError,
+    )
+
+    try:
+        yield
+    except (NotFoundError, AlreadyExistsError, PreconditionError):
+        raise  # answers about the key, for the caller
+    except (PermissionDeniedError, UnauthenticatedError) as e:
+        raise ConfigError(f"the object store refused js-etl's credentials for {root} "
+                          f"({type(e).__name__}): check AWS_ACCESS_KEY_ID, "
+                          "AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN of the drain's process"
+                          ) from None
+    except BaseError as e:
+        detail = " ".join(str(e).split(" Debug source")[0].split())[:300]
+        raise TransientError(f"could not reach the object store for {root}: {detail} (check "
+                             "AWS_ENDPOINT_URL, AWS_REGION and the credentials in the drain's "
+                             "environment)") from None
 
 
 @dataclass(frozen=True)
@@ -118,7 +151,8 @@ class TableFiles:
         import obstore
 
         folder = directory.strip("/")
-        listed = obstore.list_with_delimiter(self._store, prefix=folder or None)
+        with _reaching(self.root):
+            listed = obstore.list_with_delimiter(self._store, prefix=folder or None)
         paths = [*listed["common_prefixes"], *(o["path"] for o in listed["objects"])]
         # A store with folders (SeaweedFS) may list the emptied folder itself.
         return sorted({p.rstrip("/").rsplit("/", 1)[-1] for p in paths
@@ -136,7 +170,8 @@ class TableFiles:
         from obstore.exceptions import NotFoundError
 
         try:
-            return bytes(obstore.get(self._store, path).bytes())
+            with _reaching(self.root):
+                return bytes(obstore.get(self._store, path).bytes())
         except (NotFoundError, FileNotFoundError):
             return None
 
@@ -157,7 +192,8 @@ class TableFiles:
         from obstore.exceptions import AlreadyExistsError, PreconditionError
 
         try:
-            obstore.put(self._store, path, data, mode="create")
+            with _reaching(self.root):
+                obstore.put(self._store, path, data, mode="create")
         except (AlreadyExistsError, PreconditionError):
             return False
         return True
@@ -172,7 +208,8 @@ class TableFiles:
             return
         import obstore
 
-        obstore.put(self._store, path, data)
+        with _reaching(self.root):
+            obstore.put(self._store, path, data)
 
     def remove(self, path: str) -> None:
         """Delete ``path``; nothing where it is gone already."""
@@ -186,6 +223,7 @@ class TableFiles:
         from obstore.exceptions import NotFoundError
 
         try:
-            obstore.delete(self._store, path)
+            with _reaching(self.root):
+                obstore.delete(self._store, path)
         except (NotFoundError, FileNotFoundError):
             pass
