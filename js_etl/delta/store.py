@@ -51,11 +51,15 @@ def table_root(location: str) -> str | None:
     return local_directory(location) or object_store_url(location)
 
 
+# Where the client asks for credentials when the environment has none (EC2's instance metadata).
+_INSTANCE_METADATA = "169.254.169.254"
+
+
 @contextmanager
 def _reaching(root: str) -> Iterator[None]:
-    """obstore's failures as js-etl's: refused credentials are the configuration's (exit 2),
-    anything else that is not an answer about the key (no answer after the client's retries, a
-    5xx it gave up on, credentials it could not fetch) may pass (exit 75)."""
+    """obstore's failures as js-etl's: refused or missing credentials are the configuration's
+    (exit 2); anything else that is not an answer about the key (no answer after the client's
+    retries, a 5xx it gave up on) may pass (exit 75)."""
     from obstore.exceptions import (
         AlreadyExistsError,
         BaseError,
@@ -76,6 +80,10 @@ def _reaching(root: str) -> Iterator[None]:
                           ) from None
     except BaseError as e:
         detail = " ".join(str(e).split(" Debug source")[0].split())[:300]
+        if _INSTANCE_METADATA in detail:  # no credentials in the environment, none from EC2
+            raise ConfigError(f"no credentials for the object store of {root}: set "
+                              "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and "
+                              "AWS_SESSION_TOKEN) in the drain's environment") from None
         raise TransientError(f"could not reach the object store for {root}: {detail} (check "
                              "AWS_ENDPOINT_URL, AWS_REGION and the credentials in the drain's "
                              "environment)") from None

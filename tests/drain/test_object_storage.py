@@ -267,7 +267,7 @@ def test_a_session_whose_s3_log_store_can_lose_commits_is_refused_before_fetchin
 
 
 def test_a_store_that_refuses_the_credentials_or_does_not_answer_fails_in_one_js_etl_line(
-        s3, s3_server):
+        s3, s3_server, monkeypatch):
     """Refused credentials are a configuration error (exit 2); a store that does not answer
     may come back (exit 75): either is one js-etl line, never the client's exception."""
     from js_etl.demo.server import free_port
@@ -279,3 +279,9 @@ def test_a_store_that_refuses_the_credentials_or_does_not_answer_fails_in_one_js
     with pytest.raises(TransientError, match="could not reach the object store") as failed:
         TableFiles(f"{s3}/t", nobody).create("_js_etl/c.lock", b"x")
     assert "\n" not in str(failed.value)
+    no_credentials = {"AWS_ENDPOINT_URL": s3_server.environment()["AWS_ENDPOINT_URL"],
+                      "AWS_ALLOW_HTTP": "true", "AWS_REGION": "us-east-1"}
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):  # the client reads them too
+        monkeypatch.delenv(name)
+    with pytest.raises(ConfigError, match="no credentials for the object store"):
+        TableFiles(f"{s3}/t", no_credentials).create("_js_etl/c.lock", b"x")
