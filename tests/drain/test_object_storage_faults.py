@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from drains import (
     assert_exactly_once,
+    assert_no_process_left,
     config_for,
+    drain_process,
     events,
     setup_stream,
 )
@@ -217,4 +220,49 @@ def test_slow_answers_to_reads_of_the_log_slow_the_run_and_change_nothing(
     assert len(proxy.faults()) == 4
     assert time.monotonic() - started >= 12
     assert report.messages_written == len(good)
+    clean_rerun(spark, js, names, nats_server.url, table, proxy, good, bad)
+
+
+# --- faults a run cannot go on after ---------------------------------------------------------
+
+def test_a_connection_reset_mid_upload_of_the_commit_fails_the_round_transiently(
+        spark, js, names, nats_server, s3, proxy):
+    """The connection drops halfway through the commit's PUT body: the store wrote nothing,
+    deltalake does not retry a conditional PUT, the round is not in the table: nothing of it is
+    acked, the run ends with the transient error, the rerun writes it."""
+    table, good, bad = start(js, names, s3)
+    proxy.add("PUT", COMMIT, "reset_mid_body")
+
+    outcome = drain(spark, names, nats_server.url, table)
+
+    assert_transient_in_one_line(outcome)
+    assert len(proxy.faults()) == 1
+    assert rounds_committed(table, f"js-etl:{names.stream}:{names.consumer}") == []
+    info = js.consumer_info(names.stream, names.consumer)
+    # Nothing acked, not even the round's dead letters, committed before its rows: the rerun's
+    # fence acks those.
+    assert info.ack_floor.stream_seq == 0
+    rerun = clean_rerun(spark, js, names, nats_server.url, table, proxy, good, bad)
+    assert (rerun.messages_written, rerun.reacked_at_start) == (len(good), len(bad))
+
+
+def test_a_store_refusing_the_commit_until_the_client_gives_up_exits_75_in_one_line(
+        spark, js, names, nats_server, s3, proxy):
+    """Every PUT of round 1's log file answered 503 (SlowDown): deltalake's client gives up
+    after its retries; a real ``js-etl drain`` exits 75 with one js-etl line; nothing of the
+    round is acked."""
+    table, good, bad = start(js, names, s3)
+    proxy.add("PUT", COMMIT, "error", status=503, times=1000)
+    marker = uuid.uuid4().hex
+
+    proc = drain_process(names, nats_server.url, table, None, marker)
+    _, err = proc.communicate(timeout=180)
+
+    assert proc.returncode == 75, f"exit {proc.returncode}: {err[-1500:]}"
+    lines = [line for line in err.splitlines() if line.strip()]
+    ours = [line for line in lines if line.startswith("js-etl: ")]
+    assert len(ours) == 1 and ours[0] == lines[-1], lines[-6:]
+    assert ours[0].startswith("js-etl: TransientError: the commit of round 1")
+    assert len(proxy.faults()) > 1  # the client's retries
+    assert_no_process_left(marker)
     clean_rerun(spark, js, names, nats_server.url, table, proxy, good, bad)
