@@ -15,11 +15,23 @@ Server API errors are mapped by ``err_code`` in :mod:`js_etl.jetstream.errors`.
 
 from __future__ import annotations
 
+import re
+
 
 class JsEtlError(Exception):
     """Base of every js-etl error. ``str(err)`` is one line a user can act on."""
 
     exit_code = 1
+
+
+def one_line(error: BaseException, limit: int = 400) -> str:
+    """``Class: message`` of another library's error, for a js-etl error's one line: deltalake's
+    (and the object store client's) text is a chain of causes, one per line, marked with terminal
+    colour codes (``\x1b[31m↳\x1b[0m``); it is joined on one line without them, cut at
+    ``limit`` characters."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
+    parts = [part.strip().lstrip("↳").strip() for part in text.splitlines()]
+    return f"{type(error).__name__}: {' '.join(p for p in parts if p)}"[:limit]
 
 
 class TransientError(JsEtlError):
