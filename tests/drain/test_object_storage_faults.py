@@ -207,6 +207,25 @@ def test_a_commit_that_reached_the_store_with_its_answer_lost_is_committed_once_
     assert (rerun.messages_written, rerun.reacked_at_start) == (0, 0)
 
 
+@pytest.mark.parametrize("lost", ["reset", "503"])
+def test_a_lock_create_that_reached_the_store_with_its_answer_lost_is_the_runs_lock(
+        lost, spark, js, names, nats_server, s3, proxy):
+    """The run's lock is created (a PUT with If-None-Match) but the answer is lost: a reset
+    (not retried), or a 503 (retried: refused with 412, the key exists). The lock the store
+    holds is this run's own: the run goes on with it, and releases it at the end."""
+    table, good, bad = start(js, names, s3)
+    proxy.add("PUT", LOCK, "reset_after" if lost == "reset" else "error_after", status=503)
+
+    report = drain(spark, names, nats_server.url, table)
+
+    assert isinstance(report, RunReport), report
+    [fault] = proxy.faults()
+    assert fault["upstream_status"] == 200  # the store wrote the lock
+    assert report.messages_written == len(good)
+    assert TableFiles(table).names("_js_etl") == []  # released
+    clean_rerun(spark, js, names, nats_server.url, table, proxy, good, bad)
+
+
 def test_slow_answers_to_reads_of_the_log_slow_the_run_and_change_nothing(
         spark, js, names, nats_server, s3, proxy):
     """The store answers four reads of the table's log files 3 s late each."""
