@@ -285,3 +285,27 @@ def test_a_store_refusing_the_commit_until_the_client_gives_up_exits_75_in_one_l
     assert len(proxy.faults()) > 1  # the client's retries
     assert_no_process_left(marker)
     clean_rerun(spark, js, names, nats_server.url, table, proxy, good, bad)
+
+
+@pytest.mark.parametrize("reads", ["lock", "log"])
+def test_a_store_failing_every_read_exits_75_in_one_line(reads, spark, js, names, nats_server, s3,
+                                                         proxy):
+    """Every read of the run's lock (from the first check before the round's commit on), or of
+    the table's log files, answered 503 (SlowDown) beyond the clients' retries: a real ``js-etl
+    drain`` exits 75 with one js-etl line, and acked nothing; the next run takes every message
+    once."""
+    table, good, bad = start(js, names, s3)
+    proxy.add("GET", LOCK if reads == "lock" else LOG_FILES, "error", status=503, times=10**6)
+    marker = uuid.uuid4().hex
+
+    proc = drain_process(names, nats_server.url, table, None, marker)
+    _, err = proc.communicate(timeout=180)
+
+    assert proc.returncode == 75, f"exit {proc.returncode}: {err[-1500:]}"
+    lines = [line for line in err.splitlines() if line.strip()]
+    ours = [line for line in lines if line.startswith("js-etl: ")]
+    assert len(ours) == 1 and ours[0] == lines[-1], lines[-6:]
+    assert "503" in ours[0], ours[0]
+    assert_no_process_left(marker)
+    assert js.consumer_info(names.stream, names.consumer).ack_floor.stream_seq == 0
+    clean_rerun(spark, js, names, nats_server.url, table, proxy, good, bad)
