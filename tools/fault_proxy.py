@@ -89,7 +89,8 @@ class _State:
 
     def record(self, method: str, target: str, action: str, **extra: Any) -> None:
         with self.lock:
-            self.log.append({"method": method, "target": target, "action": action, **extra})
+            self.log.append({"method": method, "target": target, "action": action,
+                             "time": time.time(), **extra})
 
 
 class _Request:
