@@ -29,9 +29,14 @@ def one_line(error: BaseException, limit: int = 400) -> str:
     (and the object store client's) text is a chain of causes, one per line, marked with terminal
     colour codes (``\x1b[31m↳\x1b[0m``); it is joined on one line without them, cut at
     ``limit`` characters."""
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
+    return f"{type(error).__name__}: {joined_lines(str(error))}"[:limit]
+
+
+def joined_lines(text: str) -> str:
+    """``text``'s lines on one line, without terminal colour codes or ``↳`` markers."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)
     parts = [part.strip().lstrip("↳").strip() for part in text.splitlines()]
-    return f"{type(error).__name__}: {' '.join(p for p in parts if p)}"[:limit]
+    return " ".join(p for p in parts if p)
 
 
 class TransientError(JsEtlError):
