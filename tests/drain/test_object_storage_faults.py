@@ -44,6 +44,7 @@ pytestmark = pytest.mark.slow
 
 # The request targets (path?query) of the table "events" that the faults aim at.
 DATA_PARTS = r"/events/part-[^?]*\?partNumber="  # the upload of a row file's part
+DATA_COMPLETE = r"/events/part-[^?]*\?uploadId="  # the completion of its multipart upload
 COMMIT = r"/events/_delta_log/00000000000000000001\.json$"  # round 1 (version 0: the creation)
 LOG_FILES = r"/events/_delta_log/\d{20}\.json$"
 LOCK = r"/events/_js_etl/[^/]+\.lock$"
@@ -153,6 +154,25 @@ def test_a_connection_reset_mid_upload_of_a_parquet_file_is_retried(
     [fault] = proxy.faults()
     assert 0 < fault["sent"] < fault["of"]
     assert report.messages_written == len(good)
+    clean_rerun(spark, js, names, nats_server.url, table, proxy, good, bad)
+
+
+def test_a_data_file_upload_completed_with_its_answer_lost_is_completed_again(
+        spark, js, names, nats_server, s3, proxy):
+    """The store completes a row file's multipart upload (the POST ``?uploadId=``), the
+    connection is reset before its answer: the client completes it again (the store answers
+    200), the round commits once."""
+    table, good, bad = start(js, names, s3)
+    proxy.add("POST", DATA_COMPLETE, "reset_after")
+
+    report = drain(spark, names, nats_server.url, table)
+
+    assert isinstance(report, RunReport), report
+    [fault] = proxy.faults()
+    again = [e for e in proxy.log() if e["action"] == "pass" and e["target"] == fault["target"]]
+    assert (fault["upstream_status"], [e["upstream_status"] for e in again]) == (200, [200])
+    assert report.messages_written == len(good)
+    assert rounds_committed(table, report.job) == [1]
     clean_rerun(spark, js, names, nats_server.url, table, proxy, good, bad)
 
 
