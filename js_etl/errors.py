@@ -15,11 +15,28 @@ Server API errors are mapped by ``err_code`` in :mod:`js_etl.jetstream.errors`.
 
 from __future__ import annotations
 
+import re
+
 
 class JsEtlError(Exception):
     """Base of every js-etl error. ``str(err)`` is one line a user can act on."""
 
     exit_code = 1
+
+
+def one_line(error: BaseException, limit: int = 400) -> str:
+    """``Class: message`` of another library's error, for a js-etl error's one line: deltalake's
+    (and the object store client's) text is a chain of causes, one per line, marked with terminal
+    colour codes (``\x1b[31m↳\x1b[0m``); it is joined on one line without them, cut at
+    ``limit`` characters."""
+    return f"{type(error).__name__}: {joined_lines(str(error))}"[:limit]
+
+
+def joined_lines(text: str) -> str:
+    """``text``'s lines on one line, without terminal colour codes or ``↳`` markers."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)
+    parts = [part.strip().lstrip("↳").strip() for part in text.splitlines()]
+    return " ".join(p for p in parts if p)
 
 
 class TransientError(JsEtlError):

@@ -36,7 +36,7 @@ from urllib.parse import unquote
 
 from js_etl.delta.rules import TableShape, local_directory, object_store_url, unwritable
 from js_etl.delta.store import TableFiles, table_root
-from js_etl.errors import ConfigError, TerminalError, TransientError
+from js_etl.errors import ConfigError, TerminalError, TransientError, one_line
 from js_etl.schema import REQUIRED_COLUMNS
 from js_etl.spark.session import hadoop_path, java_class, lossy_s3_log_store
 
@@ -315,9 +315,9 @@ class DeltaTarget:
         table = DeltaTable(directory)
         recorded, after = table.transaction_version(tag.job) or 0, table.version()
         if recorded != tag.round:
-            raise TransientError(
-                f"the commit of round {tag.round} of {tag.job} into {self} failed "
-                f"({type(failure).__name__}: {failure}); nothing of this round is acked")
+            why = one_line(failure) if failure else "deltalake raised nothing"
+            raise TransientError(f"the commit of round {tag.round} of {tag.job} into {self} "
+                                 f"failed ({why}); nothing of this round is acked")
         version = self._version_of(spark, tag, before + 1, after)
         if version == after:  # else a later writer's commit is the table's last: theirs to judge
             _checkpoint_as_spark_would(table, self)

@@ -59,8 +59,8 @@ class TableLock:
 
     def acquire(self) -> TableLock:
         me = LockOwner.me(self.run_id)
-        if not self._files.create_exclusive(me.to_json()):
-            holder = LockOwner.from_json(self._files.read())
+        created, holder = self._create(me)
+        if not created:
             if holder is None or not self._stale(holder):
                 raise RunRefusedError(
                     "another run holds this consumer: " + _describe(holder)
@@ -69,7 +69,7 @@ class TableLock:
             # Take over a dead run's lock: remove exactly what we read, then race for a new one.
             if LockOwner.from_json(self._files.read()) == holder:
                 self._files.delete()
-            if not self._files.create_exclusive(me.to_json()):
+            if not self._create(me)[0]:
                 raise RunRefusedError(f"another run took over the stale lock {self._files.path} "
                                       "at the same moment")
         self._owner = me
@@ -78,6 +78,30 @@ class TableLock:
                                       daemon=True)
         self._beat.start()
         return self
+
+    def _create(self, me: LockOwner) -> tuple[bool, LockOwner | None]:
+        """Create the lock as ``me``: ``(True, me)``, or ``(False, the holder read)``.
+
+        On an object store the create may land while its answer is lost: a reset, or a 5xx
+        that the client retries into a 412 (the key exists — ours). So whatever the create said
+        (refused, or raised), the lock is read back: where it names this run's id, unique to
+        the run, the create landed and the lock is ours. A create that raised and left no lock
+        of ours raises its error."""
+        try:
+            if self._files.create_exclusive(me.to_json()):
+                return True, me
+            error: Exception | None = None
+        except Exception as e:  # the store's client: whether the PUT landed is unknown
+            error = e
+        holder = LockOwner.from_json(self._files.read())
+        if holder is not None and holder.run_id == me.run_id:
+            log.warning("the lock %s is this run's own: its create landed, the answer was "
+                        "lost (%s)", self._files.path,
+                        str(error).splitlines()[0] if error else "a retry found it there")
+            return True, holder
+        if error is not None:
+            raise error
+        return False, holder
 
     def _stale(self, holder: LockOwner) -> bool:
         if holder.process.alive_here() is False:

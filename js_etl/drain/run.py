@@ -77,7 +77,7 @@ from js_etl.jetstream import (
 )
 from js_etl.report import LogProgress, Progress, RunReport, StopReason
 from js_etl.schema import RAW_DDL
-from js_etl.spark.failures import is_transient
+from js_etl.spark.failures import failure_reason, is_transient
 from js_etl.spark.session import configure_s3a
 
 if TYPE_CHECKING:
@@ -354,8 +354,8 @@ class Drain:
             self._recovery_deadline = now + RECOVERY_SECONDS
         if now > self._recovery_deadline:
             raise error
-        log.warning("NATS did not answer (%s); retrying for up to %.0fs more",
-                    str(error).splitlines()[0][:200], self._recovery_deadline - now)
+        log.warning("NATS or the object store did not answer (%s); retrying for up to %.0fs "
+                    "more", failure_reason(error)[0][:300], self._recovery_deadline - now)
 
     def _wait_out_failed_fetch(self, js: JetStreamSession, error: BaseException) -> None:
         """After a round's fetch job failed on a NATS outage (a consumer leader lost mid-pull):

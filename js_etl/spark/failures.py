@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from js_etl.errors import JsEtlError, TransientError
+from js_etl.errors import JsEtlError, TransientError, joined_lines
 
 # Spark's words for an executor (or the blocks it held) gone mid-job: infrastructure, not input,
 # so the run is transient (75) like a NATS outage. CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND is what a
@@ -19,6 +19,15 @@ _EXECUTOR_LOST = ("CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND", "ExecutorLostFailure",
                   "FetchFailedException")
 # The last line of a Python traceback that Spark carries back from an executor.
 _EXECUTOR_ERROR = re.compile(r"^js_etl\.(?:\w+\.)*?(\w+): (.*)$")
+# An object store's client giving up on a request the store failed or never answered, after its
+# own retries: the Rust object_store crate of deltalake and obstore ("Generic S3 error: Error
+# performing PUT … - Server returned non-2xx status code: 503 …", or "… HTTP error: error sending
+# request" for a reset or a timeout) and the AWS SDK under Spark's S3A ("S3Exception: … (Service:
+# S3, Status Code: 503, …)"). A 5xx, a 429 or a broken connection is the store's, or the
+# network's, state: a later run may not meet it. A 4xx (no permission, no bucket) is not.
+_STORE_CLIENT = re.compile(r"Generic \w+ error|\(Service: S3,")
+_STORE_UNAVAILABLE = re.compile(r"status code: (?:5\d\d|429)\b|error sending request",
+                                re.IGNORECASE)
 # What Spark says when an executor's Python daemon could not start (it then quotes the daemon's
 # stderr up to "PYTHONPATH was:"): seen with a PYSPARK_PYTHON that lacks pyarrow or js-etl.
 _WORKER_START_FAILED = "Error from python worker:"
@@ -40,6 +49,11 @@ def failure_reason(error: BaseException) -> tuple[str, int]:
     if lost:
         return (f"an executor was lost during the run ({lost}); nothing it held was acked, so "
                 "the next run takes it up again", TransientError.exit_code)
+    store = _store_unavailable(text)
+    if store:
+        return (f"the object store failed a request after its client's retries ({store}); "
+                "nothing the run did not commit was acked, the next run takes it up again"
+                ), TransientError.exit_code
     if _WORKER_START_FAILED in text:
         quoted = text.split(_WORKER_START_FAILED, 1)[1].split("PYTHONPATH was:", 1)[0]
         last = ([line.strip() for line in quoted.splitlines() if line.strip()] or ["?"])[-1]
@@ -53,6 +67,19 @@ def failure_reason(error: BaseException) -> tuple[str, int]:
     if java:
         return java[:500], 1
     return f"{type(error).__name__}: {lines[0]}"[:500], 1
+
+
+def _store_unavailable(text: str) -> str | None:
+    """What the object store's client said, in one line, where it gave up on a store that
+    failed or could not be reached (:data:`_STORE_UNAVAILABLE`); else None."""
+    client = _STORE_CLIENT.search(text)
+    if client is None or not _STORE_UNAVAILABLE.search(text):
+        return None
+    if client.group().startswith("(Service"):  # the AWS SDK's exception: its Java root cause
+        return (java_root_cause(text) or "")[:300] or None
+    # The object_store crate's text, to the error body (an XML document) or a blank line.
+    said = re.split(r"<\?xml|\n\s*\n", text[client.start():], maxsplit=1)[0]
+    return joined_lines(said).rstrip(": ")[:300]
 
 
 def java_root_cause(text: str) -> str | None:

@@ -85,3 +85,47 @@ def test_type_widening_tables_and_partitioning():
     assert schema_problem("t", parted, written, ["seq"], merge_schema=False) == (
         "table t is partitioned by ['day'], this job by ['seq']: make target.partition_by match "
         "the table, or write into a new table")
+
+
+# The object store's clients giving up, as they word it (seen through tools/fault_proxy.py).
+OBSTORE_503 = (
+    "Generic S3 error: Error performing GET http://127.0.0.1:46459/b/events/_js_etl/c1.lock in "
+    "5.04s, after 10 retries, max_retries: 10, retry_timeout: 180s  - Server returned non-2xx "
+    'status code: 503 Service Unavailable: <?xml version="1.0" encoding="UTF-8"?>\n'
+    "<Error><Code>SlowDown</Code></Error>\n\nDebug source:\nGeneric {\n    store: \"S3\",\n}")
+DELTALAKE_RESET = (
+    "Generic S3 error\n          \x1b[31m↳\x1b[0m Error performing PUT "
+    "http://127.0.0.1:1/b/t/_delta_log/00000000000000000001.json in 708µs - HTTP error\n"
+    "           \x1b[31m↳\x1b[0m error sending request\n")
+S3A_503 = PY4J_TEXT + (
+    "Caused by: software.amazon.awssdk.services.s3.model.S3Exception: SlowDown (Service: S3, "
+    "Status Code: 503, Request ID: r1) (SDK Attempt Count: 6)\n\tat software.amazon.X(X.java:1)\n")
+EXECUTOR_503 = (
+    "An error occurred while calling o120.collect.\n: org.apache.spark.SparkException: Job "
+    "aborted\nTraceback (most recent call last):\n  File \"files.py\", line 177, in close\n"
+    "OSError: " + OBSTORE_503.replace("GET", "PUT").split("\n\n")[0]
+    + "\n\tat org.apache.spark.api.python.BasePythonRunner(PythonRunner.scala:1)\n")
+
+
+@pytest.mark.parametrize("text, said", [
+    (OBSTORE_503, "Generic S3 error: Error performing GET http://127.0.0.1:46459/b/events/_js_etl/"
+                  "c1.lock in 5.04s, after 10 retries, max_retries: 10, retry_timeout: 180s  - "
+                  "Server returned non-2xx status code: 503 Service Unavailable"),
+    (DELTALAKE_RESET, "Generic S3 error Error performing PUT http://127.0.0.1:1/b/t/_delta_log/"
+                      "00000000000000000001.json in 708µs - HTTP error error sending request"),
+    (S3A_503, "S3Exception: SlowDown (Service: S3, Status Code: 503, Request ID: r1) (SDK "
+              "Attempt Count: 6)"),
+    (EXECUTOR_503, "Generic S3 error: Error performing PUT http://127.0.0.1:46459/b/events/"
+                   "_js_etl/c1.lock in 5.04s, after 10 retries, max_retries: 10, retry_timeout: "
+                   "180s  - Server returned non-2xx status code: 503 Service Unavailable"),
+])
+def test_a_store_that_failed_or_was_not_reached_is_transient_in_one_line(text, said):
+    reason, code = failure_reason(RuntimeError(text))
+    assert code == 75
+    assert reason == (f"the object store failed a request after its client's retries ({said}); "
+                      "nothing the run did not commit was acked, the next run takes it up again")
+
+
+def test_a_store_refusing_a_request_is_not_transient():
+    forbidden = OBSTORE_503.replace("503 Service Unavailable", "403 Forbidden")
+    assert failure_reason(RuntimeError(forbidden))[1] == 1
