@@ -24,7 +24,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from js_etl.delta.rules import local_directory, object_store_url
-from js_etl.errors import ConfigError, TransientError
+from js_etl.errors import ConfigError
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -57,36 +57,24 @@ _INSTANCE_METADATA = "169.254.169.254"
 
 @contextmanager
 def _reaching(root: str) -> Iterator[None]:
-    """obstore's failures as js-etl's: refused or missing credentials are the configuration's
-    (exit 2); anything else that is not an answer about the key (no answer after the client's
-    retries, a 5xx it gave up on) may pass (exit 75)."""
-    from obstore.exceptions import (
-        AlreadyExistsError,
-        BaseError,
-        NotFoundError,
-        PermissionDeniedError,
-        PreconditionError,
-        UnauthenticatedError,
-    )
+    """Refused or missing credentials as the configuration error they are (exit 2). Anything
+    else the client gives up on (a 5xx past its retries, no answer) stays its error, which
+    js_etl.spark.failures.failure_reason reads as transient (exit 75) in one line."""
+    from obstore.exceptions import GenericError, PermissionDeniedError, UnauthenticatedError
 
     try:
         yield
-    except (NotFoundError, AlreadyExistsError, PreconditionError):
-        raise  # answers about the key, for the caller
     except (PermissionDeniedError, UnauthenticatedError) as e:
         raise ConfigError(f"the object store refused js-etl's credentials for {root} "
                           f"({type(e).__name__}): check AWS_ACCESS_KEY_ID, "
                           "AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN of the drain's process"
                           ) from None
-    except BaseError as e:
-        detail = " ".join(str(e).split(" Debug source")[0].split())[:300]
-        if _INSTANCE_METADATA in detail:  # no credentials in the environment, none from EC2
+    except GenericError as e:
+        if _INSTANCE_METADATA in str(e):  # no credentials in the environment, none from EC2
             raise ConfigError(f"no credentials for the object store of {root}: set "
                               "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and "
                               "AWS_SESSION_TOKEN) in the drain's environment") from None
-        raise TransientError(f"could not reach the object store for {root}: {detail} (check "
-                             "AWS_ENDPOINT_URL, AWS_REGION and the credentials in the drain's "
-                             "environment)") from None
+        raise
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,9 @@ from streams import publish_and_wait
 from js_etl.delta.store import TableFiles
 from js_etl.drain.lock import TableLock
 from js_etl.drain.run import run_drain
-from js_etl.errors import ConfigError, RunRefusedError, TransientError
+from js_etl.errors import ConfigError, RunRefusedError
 from js_etl.jetstream import ConsumerConfig
+from js_etl.spark.failures import failure_reason
 from js_etl.spark.session import configure_s3a
 
 pytestmark = pytest.mark.slow
@@ -268,17 +269,19 @@ def test_a_session_whose_s3_log_store_can_lose_commits_is_refused_before_fetchin
 
 def test_a_store_that_refuses_the_credentials_or_does_not_answer_fails_in_one_js_etl_line(
         s3, s3_server, monkeypatch):
-    """Refused credentials are a configuration error (exit 2); a store that does not answer
-    may come back (exit 75): either is one js-etl line, never the client's exception."""
+    """Refused or missing credentials are a configuration error (exit 2); a store that does not
+    answer may come back (exit 75): either is one js-etl line, never the client's exception."""
     from js_etl.demo.server import free_port
 
     wrong_secret = {**s3_server.environment(), "AWS_SECRET_ACCESS_KEY": "not-the-secret"}
     with pytest.raises(ConfigError, match="refused js-etl's credentials"):
         TableFiles(f"{s3}/t", wrong_secret).create("_js_etl/c.lock", b"x")
     nobody = {**s3_server.environment(), "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"}
-    with pytest.raises(TransientError, match="could not reach the object store") as failed:
+    with pytest.raises(Exception) as failed:
         TableFiles(f"{s3}/t", nobody).create("_js_etl/c.lock", b"x")
-    assert "\n" not in str(failed.value)
+    line, exit_code = failure_reason(failed.value)
+    assert exit_code == 75 and line.startswith("the object store failed a request")
+    assert "\n" not in line
     no_credentials = {"AWS_ENDPOINT_URL": s3_server.environment()["AWS_ENDPOINT_URL"],
                       "AWS_ALLOW_HTTP": "true", "AWS_REGION": "us-east-1"}
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):  # the client reads them too
