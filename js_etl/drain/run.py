@@ -85,6 +85,13 @@ if TYPE_CHECKING:
 
     from pyspark.sql import DataFrame, SparkSession
 
+# Empty rounds in a row, each followed by a release of what its failed task attempts pulled,
+# after which the run ends transiently rather than spend more deliveries of the same messages:
+# one such round is a task that failed once (its messages come back in the next round); two in
+# a row are tasks that keep failing after they pull (a store refusing every upload). Each
+# costs a delivery of every message the tasks pulled, which source.max_deliver counts.
+FAILED_PULLS = 2
+
 log = logging.getLogger("js_etl.drain")
 
 # How long a run rides out NATS not answering (leader elections of a clustered stream or
@@ -204,6 +211,7 @@ class Drain:
         next_round = 0  # read from the tables before the first round: an empty run needs none
         retook_pin = False
         empty_rounds = 0
+        failed_pulls = 0  # empty rounds in a row whose tasks left deliveries behind
         while True:
             stop = budget_spent(run, report, stopping=self.stop.is_set(),
                                 elapsed=time.monotonic() - started)
@@ -239,6 +247,15 @@ class Drain:
                 # that fetched nothing, as before.)
                 report.released_at_end += acks.release(info)
                 info = js.consumer_info(self.source.stream, self.source.consumer)
+                # (On a shared consumer what is ack-pending may be other clients'.)
+                failed_pulls = failed_pulls + 1 if empty_rounds and not self._shared else 0
+                if failed_pulls >= FAILED_PULLS:
+                    raise TransientError(
+                        f"{failed_pulls} rounds in a row fetched nothing while their fetch tasks "
+                        f"left {acks.released} deliveries behind: the tasks fail after they pull "
+                        "(Spark retried them, and a retry finds the messages still delivered; "
+                        "see the executors' log); nothing of them was acked, a later run takes "
+                        "them up again")
             if not next_round:
                 next_round = self._first_round()
             size = plan_round(self.config, info,
@@ -284,7 +301,7 @@ class Drain:
                 empty_rounds += 1
                 self._window = min(2 * self._window, 16)
                 continue
-            empty_rounds = 0
+            empty_rounds = failed_pulls = 0
             self._window = 1
             next_round += 1
             acks.holds.lease.record(pin_id=self.pin.pin_id)

@@ -335,13 +335,6 @@ def test_a_store_failing_every_read_exits_75_in_one_line(reads, spark, js, names
     clean_rerun(spark, js, names, nats_server.url, table, proxy, good, bad)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a fetch task that pulled and then failed on the store is retried by Spark, and the retry "
-    "pulls nothing (its first attempt's deliveries are still ack-pending): the round looks "
-    "empty, the next round releases and pulls them again, and after EMPTY_ROUNDS rounds the run "
-    "stops 'nothing_fetched' with exit 0, one delivery of each message spent a round. The fix "
-    "needs the driver to learn that a task attempt failed after its pull (a change to the fetch "
-    "protocol); see docs/design/object-storage.md"))
 def test_a_store_failing_every_data_file_upload_ends_the_run_transiently(
         spark, js, names, nats_server, s3, proxy):
     """Every part upload of the round's Parquet files answered 503 beyond the client's retries:
