@@ -160,7 +160,7 @@ class TableFiles:
             try:
                 with open(self.full(path), "rb") as f:
                     return f.read()
-            except FileNotFoundError:
+            except (FileNotFoundError, NotADirectoryError):
                 return None
         import obstore
         from obstore.exceptions import NotFoundError
