@@ -46,11 +46,12 @@ lint: setup
 
 # Many randomized fault schedules (tests/support/schedules.py): each prints its seed and verdict, then
 # "N passed, M failed". Replay one: JS_ETL_SCHEDULE_SEED=<seed> $(BIN)/python -m pytest
-# tests/drain/test_fault_schedules.py. `make soak SEEDS="1 2 3"` runs those seeds instead.
+# tests/drain/test_fault_schedules.py. `make soak SEEDS="1 2 3"` runs those seeds instead; `S3=1`
+# puts the tables in an S3 store (SeaweedFS) the soak starts.
 SCHEDULES ?= 10
 SEEDS ?=
 soak: setup
-	$(BIN)/python tests/support/schedules.py soak --schedules $(SCHEDULES) $(foreach s,$(SEEDS),--seed $(s))
+	$(BIN)/python tests/support/schedules.py soak --schedules $(SCHEDULES) $(foreach s,$(SEEDS),--seed $(s)) $(if $(S3),--s3)
 
 # Full-size benchmark (a few minutes): js-etl against the bare pull+ack loop and a simple peer.
 bench: setup

@@ -269,16 +269,20 @@ class Outcome:
 
 
 class _Player:
-    """Plays one schedule in ``workdir``; owns the nats-server and every process it starts."""
+    """Plays one schedule in ``workdir``; owns the nats-server and every process it starts.
+    The tables are in ``workdir``, or under ``s3_root`` (an s3:// URL, reached with the
+    ``store`` variables, which every drain and deltalake child gets)."""
 
-    def __init__(self, schedule: Schedule, workdir: Path) -> None:
+    def __init__(self, schedule: Schedule, workdir: Path, s3_root: str | None = None,
+                 store: dict[str, str] | None = None) -> None:
         from js_etl.demo.server import LocalNatsServer
 
         self.s = schedule
         self.workdir = workdir
-        self.table = workdir / "table"
-        self.dead_letters = workdir / "table_dead_letters"
-        self.lock = self.table / "_js_etl" / f"{CONSUMER}.lock"
+        self.table = f"{s3_root}/table" if s3_root else str(workdir / "table")
+        self.dead_letters = f"{self.table}_dead_letters"
+        self.store = store or {}
+        self.lock = f"{self.table}/_js_etl/{CONSUMER}.lock"
         self.server = LocalNatsServer(workdir / "nats")
         self.out = Outcome(schedule)
         self.published = 0
@@ -334,12 +338,12 @@ class _Player:
 
     # --- the other writer -------------------------------------------------------------------
     def foreign_commits(self, commits: int, optimize: bool) -> str:
-        if not _is_table(self.table):
+        if not self.is_table(self.table):
             return f"another writer: skipped {commits} commits (no table yet)"
         if commits == 0 and not optimize:
             return "another writer: 0 commits"
-        answer = delta_child("delta-write", str(self.table), str(commits),
-                             "optimize" if optimize else "-")
+        answer = delta_child("delta-write", self.table, str(commits),
+                             "optimize" if optimize else "-", env=self.store)
         return (f"another writer: {commits} commits" + (" + OPTIMIZE" if optimize else "")
                 + f", table now at version {answer['version']}")
 
@@ -349,7 +353,7 @@ class _Player:
         record = RunRecord(label, frozenset(expected))
         marker = uuid.uuid4().hex
         env = {**os.environ, "TZ": "UTC", "JS_ETL_TEST_MARKER": marker,
-               "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+               "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **self.store}
         env.pop("JS_ETL_FAULT", None)
         if step.disruption.startswith("fault:"):
             env["JS_ETL_FAULT"] = step.disruption[6:]
@@ -366,12 +370,12 @@ class _Player:
         for item in settings:
             args += ["--set", item]
         logs = self.workdir / f"run{self.drains}"
-        lock_before = _read(self.lock)
+        lock_before = self.read_lock()
         started = time.monotonic()
         with open(f"{logs}.out", "w") as stdout, open(f"{logs}.err", "w") as stderr:
             proc = subprocess.Popen(args, env=env, cwd=REPO, stdout=stdout, stderr=stderr,
                                     stdin=subprocess.DEVNULL, text=True)
-        watcher = _LockWatcher(proc, self.lock, lock_before)
+        watcher = _LockWatcher(proc, self.read_lock, lock_before)
         watcher.start()
         action: Any = None
         if step.disruption == "sigkill":
@@ -380,7 +384,7 @@ class _Player:
             action = self.server.restart
         elif step.disruption == "foreign_commits":
             def action() -> str:  # once the run's first commit created the table
-                while not _is_table(self.table) and proc.poll() is None:
+                while not self.is_table(self.table) and proc.poll() is None:
                     time.sleep(0.05)
                 return self.foreign_commits(step.commits, False)
         disruptor = None
@@ -475,9 +479,10 @@ class _Player:
 
     # --- the check --------------------------------------------------------------------------
     def check(self) -> None:
-        table = read_rows(self.table, ("seq", "id")) if _is_table(self.table) else []
-        dead = (read_rows(self.dead_letters, ("seq", "error"))
-                if _is_table(self.dead_letters) else [])
+        table = (read_rows(self.table, ("seq", "id"), self.store)
+                 if self.is_table(self.table) else [])
+        dead = (read_rows(self.dead_letters, ("seq", "error"), self.store)
+                if self.is_table(self.dead_letters) else [])
         info = self.settled_consumer()
         for kind, detail in diff(self.published, self.poison, table, dead,
                                  (info.num_pending, info.num_ack_pending)):
@@ -488,7 +493,10 @@ class _Player:
 
     def explain_duplicates(self, duplicated: list[int]) -> str:
         """Which runs wrote the duplicated rows (live rows only), and a few seqs in detail."""
-        holders = rows_by_commit(self.table, set(duplicated))
+        if self.table.startswith("s3://"):
+            return "duplicated seqs (their commits are traced for local tables only): " + \
+                _ranges(duplicated)
+        holders = rows_by_commit(Path(self.table), set(duplicated))
         names = {r.run_id: r.label for r in self.out.runs if r.run_id}
         per_run = Counter(names.get(h.run, f"run {h.run}") if h.run else h.commit
                           for hs in holders.values() for h in hs if not h.compacted)
@@ -500,6 +508,20 @@ class _Player:
                 f"{h.consumer_seq}{', file since compacted' if h.compacted else ''})"
                 for h in holders.get(seq, [])))
         return "\n".join(lines)
+
+    # --- the tables, wherever they are ------------------------------------------------------
+    def files(self, location: str) -> Any:
+        from js_etl.delta.store import TableFiles
+
+        return TableFiles(location, self.store or None)
+
+    def is_table(self, location: str) -> bool:
+        """A Delta table with at least one commit (Spark creates ``_delta_log`` before its
+        first commit file, and a run killed in between leaves it empty)."""
+        return any(name.endswith(".json") for name in self.files(location).names("_delta_log"))
+
+    def read_lock(self) -> bytes | None:
+        return self.files(self.table).read(f"_js_etl/{CONSUMER}.lock")
 
     def settled_consumer(self) -> Any:
         """Consumer info once pending and ack-pending are 0, or as it is after SETTLE_SECONDS
@@ -525,8 +547,9 @@ class _LockWatcher:
     """Notices when a drain process took the table lock: the lock file appears with content
     other than what it held before the run (a SIGKILLed run leaves its lock behind)."""
 
-    def __init__(self, proc: subprocess.Popen[str], lock: Path, before: bytes | None) -> None:
-        self.proc, self.lock, self.before = proc, lock, before
+    def __init__(self, proc: subprocess.Popen[str], read_lock: Any, before: bytes | None
+                 ) -> None:
+        self.proc, self.read_lock, self.before = proc, read_lock, before
         self.saw_lock = False
         self.run_id: str | None = None  # the lock holder's run id, when the lock says it
         self.error = ""
@@ -543,7 +566,7 @@ class _LockWatcher:
 
     def _watch(self) -> None:
         while not self._stop.is_set() and self.proc.poll() is None:
-            content = _read(self.lock)
+            content = self.read_lock()
             if content and content != self.before:
                 self.saw_lock = True
                 try:
@@ -577,10 +600,12 @@ class _LockWatcher:
                             + (f" ({result})" if isinstance(result, str) else ""))
 
 
-def run_schedule(schedule: Schedule, workdir: Path) -> Outcome:
-    """Play ``schedule`` in ``workdir`` (empty or new) and check the guarantee."""
+def run_schedule(schedule: Schedule, workdir: Path, s3_root: str | None = None,
+                 store: dict[str, str] | None = None) -> Outcome:
+    """Play ``schedule`` in ``workdir`` (empty or new) and check the guarantee; the tables under
+    ``s3_root`` (an empty s3:// prefix) where given, reached with the ``store`` variables."""
     workdir.mkdir(parents=True, exist_ok=True)
-    player = _Player(schedule, workdir)
+    player = _Player(schedule, workdir, s3_root, store)
     started = time.monotonic()
     player.server.start()
     try:
@@ -667,16 +692,11 @@ def _counts(counts: dict[int, int], limit: int = 15) -> str:
     return text + (f", ... ({len(items) - limit} more)" if len(items) > limit else "")
 
 
-def _is_table(path: Path) -> bool:
-    """A Delta table with at least one commit (Spark creates ``_delta_log`` before its first
-    commit file, and a run killed in between leaves it empty)."""
-    return any((path / "_delta_log").glob("*.json"))
-
-
-def read_rows(path: Path, columns: tuple[str, str]) -> list[tuple[int, Any]]:
+def read_rows(location: str, columns: tuple[str, str], store: dict[str, str] | None = None
+              ) -> list[tuple[int, Any]]:
     """(seq, column) of our stream's rows, read by deltalake (DataFusion SQL: deltalake's
     pyarrow reader returns nulls on column-mapped tables, measured with 1.6.6)."""
-    answer = delta_child("delta-read", str(path), *columns)
+    answer = delta_child("delta-read", location, *columns, env=store)
     return [tuple(row) for row in answer["rows"]]  # type: ignore[misc]
 
 
@@ -736,11 +756,13 @@ def rows_by_commit(path: Path, seqs: set[int]) -> dict[int, list[Holder]]:
 # deltalake in a child process
 # --------------------------------------------------------------------------------------------
 
-def delta_child(*args: str) -> dict[str, Any]:
-    """Run ``python schedules.py <args>`` and return its JSON answer. Tolerates rc 134 (the
-    abort of deltalake's process at exit) only once the answer is complete."""
+def delta_child(*args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run ``python schedules.py <args>`` (with ``env`` added to this process's environment)
+    and return its JSON answer. Tolerates rc 134 (the abort of deltalake's process at exit)
+    only once the answer is complete."""
     proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), *args],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
     lines = proc.stdout.strip().splitlines()
     answer = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else None
     if proc.returncode not in (0, 134) or answer is None or not answer.get("complete"):
@@ -792,39 +814,58 @@ def _delta_write(path: str, commits: str, optimize: str) -> dict[str, Any]:
 # The soak runner
 # --------------------------------------------------------------------------------------------
 
-def soak(count: int, seeds: list[int], keep: Path) -> int:
+def soak(count: int, seeds: list[int], keep: Path, *, s3: bool = False) -> int:
     """Run ``count`` random schedules (or ``seeds``); print each seed's verdict and a summary.
     Reports of failing schedules go to ``keep``/<seed>.txt, one JSON line per seed to
-    ``keep``/results.jsonl."""
-    import shutil
-    import tempfile
+    ``keep``/results.jsonl. ``s3``: the tables in a bucket per seed of one S3 store
+    (tools/object_store.py) the soak starts and stops."""
+    import contextlib
+
+    from tools.object_store import LocalS3Server
 
     seeds = seeds or [random.SystemRandom().randrange(1, 2**31) for _ in range(count)]
     keep.mkdir(parents=True, exist_ok=True)
-    print(f"{len(seeds)} fault schedules; reports in {keep}", flush=True)
+    print(f"{len(seeds)} fault schedules{' on S3' if s3 else ''}; reports in {keep}", flush=True)
     passed = failed = 0
-    for seed in seeds:
-        print(f"seed {seed}: ", end="", flush=True)  # an interrupted soak still names its seed
-        schedule = Schedule.draw(seed)
-        workdir = Path(tempfile.mkdtemp(prefix=f"sched-{seed}-"))
-        try:
-            outcome = run_schedule(schedule, workdir)
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
-        passed, failed = passed + outcome.ok, failed + (not outcome.ok)
-        verdict = "PASS" if outcome.ok else f"FAIL {', '.join(outcome.kinds())}"
-        print(f"{verdict} ({outcome.seconds:.0f}s, {len(outcome.runs)} runs)", flush=True)
-        if not outcome.ok:
-            (keep / f"{seed}.txt").write_text(outcome.report() + "\n")
-        with open(keep / "results.jsonl", "a") as f:
-            f.write(json.dumps({
-                "seed": seed, "ok": outcome.ok, "seconds": round(outcome.seconds, 1),
-                "problems": outcome.problems, "conditions": schedule.conditions(),
-                "runs": [{"label": r.label, "rc": r.rc, "expected": sorted(r.expected),
-                          "notes": r.notes, "seconds": round(r.seconds, 1)}
-                         for r in outcome.runs]}) + "\n")
+    store = LocalS3Server().start() if s3 else None
+    with contextlib.ExitStack() as stack:
+        if store is not None:
+            stack.callback(store.cleanup)
+        for seed in seeds:
+            passed, failed = _soak_one(seed, keep, store, passed, failed)
     print(f"{passed} passed, {failed} failed", flush=True)
     return 1 if failed else 0
+
+
+def _soak_one(seed: int, keep: Path, store: Any, passed: int, failed: int) -> tuple[int, int]:
+    """One seed of :func:`soak`; the running counts of passed and failed seeds."""
+    import shutil
+    import tempfile
+
+    print(f"seed {seed}: ", end="", flush=True)  # an interrupted soak still names its seed
+    schedule = Schedule.draw(seed)
+    workdir = Path(tempfile.mkdtemp(prefix=f"sched-{seed}-"))
+    s3_root = env = None
+    if store is not None:
+        store.create_bucket(f"sched-{seed}")
+        s3_root, env = f"s3://sched-{seed}/schedule", store.environment()
+    try:
+        outcome = run_schedule(schedule, workdir, s3_root, env)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    verdict = "PASS" if outcome.ok else f"FAIL {', '.join(outcome.kinds())}"
+    print(f"{verdict} ({outcome.seconds:.0f}s, {len(outcome.runs)} runs)", flush=True)
+    if not outcome.ok:
+        (keep / f"{seed}.txt").write_text(outcome.report() + "\n")
+    with open(keep / "results.jsonl", "a") as f:
+        f.write(json.dumps({
+            "seed": seed, "ok": outcome.ok, "seconds": round(outcome.seconds, 1),
+            "s3": store is not None, "problems": outcome.problems,
+            "conditions": schedule.conditions(),
+            "runs": [{"label": r.label, "rc": r.rc, "expected": sorted(r.expected),
+                      "notes": r.notes, "seconds": round(r.seconds, 1)}
+                     for r in outcome.runs]}) + "\n")
+    return passed + outcome.ok, failed + (not outcome.ok)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -834,6 +875,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--schedules", type=int, default=10)
     run.add_argument("--seed", type=int, action="append", default=[],
                      help="run this seed instead of random ones (repeatable)")
+    run.add_argument("--s3", action="store_true",
+                     help="the tables in an S3 store (SeaweedFS) the soak starts")
     run.add_argument("--keep", type=Path,
                      default=Path(os.environ.get("TMPDIR", "/tmp")) / "js-etl-soak"
                      / time.strftime("%Y%m%d-%H%M%S"))
@@ -843,20 +886,13 @@ def main(argv: list[str] | None = None) -> int:
         commands.add_parser(name).add_argument("args", nargs="+")
     args = parser.parse_args(argv)
     if args.command == "soak":
-        return soak(args.schedules, args.seed, args.keep)
+        return soak(args.schedules, args.seed, args.keep, s3=args.s3)
     if args.command == "show":
         print("\n".join(Schedule.draw(s).describe() for s in args.seeds))
         return 0
     answer = (_delta_read if args.command == "delta-read" else _delta_write)(*args.args)
     print(json.dumps({**answer, "complete": True}), flush=True)
     os._exit(0)  # skip the interpreter teardown that deltalake can abort in
-
-
-def _read(path: Path) -> bytes | None:
-    try:
-        return path.read_bytes()
-    except (FileNotFoundError, NotADirectoryError):
-        return None
 
 
 def _last_json(lines: list[str]) -> dict[str, Any] | None:
