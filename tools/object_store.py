@@ -24,7 +24,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 from js_etl.demo.server import free_port, stop_process
 
@@ -115,7 +115,8 @@ class LocalS3Server:
             return "(no log)"
         return " | ".join(text.splitlines()[-5:])
 
-    def store(self, bucket: str):  # type: ignore[no-untyped-def]
+    def store(self, bucket: str) -> Any:
+        """An obstore client of ``bucket``, for the tests' own reads and writes."""
         from obstore.store import S3Store
 
         return S3Store(bucket, endpoint=self.endpoint, access_key_id=ACCESS_KEY,
