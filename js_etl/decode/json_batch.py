@@ -23,9 +23,9 @@ double (``1e400``), a batch too large for one Arrow buffer.
 
 So a batch goes to pyarrow only if, checked over the whole batch at once:
 
-1. every column of the schema is BIGINT, INT, SMALLINT, TINYINT, DOUBLE, STRING or BOOLEAN (the
-   types the differential tests cover; FLOAT would round twice in one of the two, timestamps,
-   decimals and nested types parse differently);
+1. every column of the schema is BIGINT, INT, SMALLINT, TINYINT, DOUBLE, STRING, BOOLEAN,
+   DATE, TIMESTAMP, DECIMAL or a STRUCT of these (the types the differential tests cover;
+   FLOAT would round twice in one of the two; arrays and maps are not proven);
 2. no payload is null, every one is valid UTF-8 (validated here: a caller's flags are not
    trusted), starts with ``{``, ends with ``}`` and holds no ``\\n`` or ``\\r``;
 3. no payload contains ``NaN`` or ``Inf`` anywhere, nor a run of more than 1,000 digits (the
@@ -44,6 +44,15 @@ no DOUBLE value -0.0: pyarrow reads the integer ``-0`` as -0.0, the decoder as 0
 the differential test), and only the decoder tells ``-0`` from ``-0.0`` (checked on the
 parsed values: a search for the bytes ``-0`` would cost the screens more).
 
+pyarrow's own readings of the other types are not the decoder's, so those are read as
+something pyarrow reads exactly and converted after (:func:`_finish`): a DATE or TIMESTAMP as
+its string — the plain ISO form by arithmetic over the whole column, any other form by
+:mod:`js_etl.decode.times` one value at a time, and a string neither reads declines the batch;
+a DECIMAL at precision 38 (pyarrow refuses a literal that needs rounding to the column's scale,
+where the decoder rounds half up: that batch declines) and then cast to the column's precision,
+which pyarrow's reader does not check; a STRUCT field by field, unknown fields ignored at every
+level, a duplicate key anywhere failing the batch.
+
 Why n rows then means row i is payload i: no document can span a line break. If one were open
 at the end of line i, that line's last character ``}`` closed an inner value (a ``}`` inside a
 string cannot be last: a string cannot hold a raw line break, the parser rejects it), and after
@@ -55,13 +64,23 @@ starts with ``{`` and ends with ``}``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from js_etl.decode import times
+
 # Column types whose values pyarrow reads exactly as the per-payload decoder does (tested).
-SUPPORTED_TYPES = (pa.int64(), pa.int32(), pa.int16(), pa.int8(), pa.float64(), pa.string(),
-                   pa.bool_())
+PLAIN_TYPES = (pa.int64(), pa.int32(), pa.int16(), pa.int8(), pa.float64(), pa.string(),
+               pa.bool_())
+TIMESTAMP = pa.timestamp("us", tz="UTC")
+# The plain forms of a date and a timestamp, read by arithmetic (_instants): ISO 8601 with at
+# most microseconds, in UTC where no zone is given (the decoder's session is UTC).
+_DATE_TEXT = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$"
+_TIMESTAMP_TEXT = (r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?"
+                   r"(Z|[+-][0-9]{2}:[0-9]{2})?$")
 # A longer integer literal is malformed JSON (js_etl.decode.arrow, as Spark's parser: Jackson's
 # maxNumberLength; docs/design/json-decoding.md).
 MAX_INTEGER_DIGITS = 1000
@@ -77,11 +96,15 @@ _SCAN_CHUNK = 1 << 20
 
 def supported(struct: pa.DataType) -> bool:
     """Whether batches of this schema (an Arrow struct type) may be decoded by pyarrow."""
-    if not pa.types.is_struct(struct) or not struct.num_fields:
-        return False
-    fields = [struct.field(i) for i in range(struct.num_fields)]
-    return (all(f.type in SUPPORTED_TYPES for f in fields)
-            and len({f.name for f in fields}) == len(fields))
+    return pa.types.is_struct(struct) and _readable(struct)
+
+
+def _readable(kind: pa.DataType) -> bool:
+    if pa.types.is_struct(kind):
+        names = [kind.field(i).name for i in range(kind.num_fields)]
+        return (bool(names) and len(set(names)) == len(names)
+                and all(_readable(kind.field(i).type) for i in range(kind.num_fields)))
+    return kind in PLAIN_TYPES or kind in (TIMESTAMP, pa.date32()) or pa.types.is_decimal128(kind)
 
 
 def decode_json_batch(data: pa.Array, struct: pa.DataType, *, keep_raw: bool
@@ -94,7 +117,7 @@ def decode_json_batch(data: pa.Array, struct: pa.DataType, *, keep_raw: bool
         return None
     import pyarrow.json as pj
 
-    schema = pa.schema([struct.field(i) for i in range(struct.num_fields)])
+    parsed = _read_as(struct)
     try:
         joined = _values(pc.binary_join(
             pa.ListArray.from_arrays(pa.array([0, n], pa.int32()), data), b"\n"))
@@ -104,7 +127,7 @@ def decode_json_batch(data: pa.Array, struct: pa.DataType, *, keep_raw: bool
             pa.BufferReader(joined),
             read_options=pj.ReadOptions(use_threads=False,
                                         block_size=min(joined.size + 1, 2**31 - 1)),
-            parse_options=pj.ParseOptions(explicit_schema=schema,
+            parse_options=pj.ParseOptions(explicit_schema=pa.schema(list(parsed)),
                                           unexpected_field_behavior="ignore"))
     except pa.ArrowException:  # ArrowInvalid: something the decoder must name; ArrowCapacityError:
         return None  # over 2 GiB joined. Either way each payload is decoded by itself.
@@ -116,10 +139,117 @@ def decode_json_batch(data: pa.Array, struct: pa.DataType, *, keep_raw: bool
                for c in (table.column(i) for i in range(struct.num_fields))]
     if not keep_raw and _any_all_null(columns):
         return None  # {} is a good row, {"other": 1} is not: only the decoder tells them apart
-    if any(pc.any(pc.equal(column.view(pa.int64()), _MINUS_ZERO_BITS)).as_py()
-           for column in columns if column.type == pa.float64()):
+    finished = [_finish(column, struct.field(i).type) for i, column in enumerate(columns)]
+    if any(column is None for column in finished):
         return None
-    return pa.StructArray.from_arrays(columns, fields=list(schema))
+    return pa.StructArray.from_arrays(finished, fields=list(struct))
+
+
+def _read_as(kind: pa.DataType) -> pa.DataType:
+    """The type pyarrow parses a column of ``kind`` into: dates and timestamps as their strings
+    (pyarrow's own reading of them is not Spark's), decimals at the widest precision (pyarrow
+    does not check the column's; :func:`_finish` does)."""
+    if pa.types.is_struct(kind):
+        return pa.struct([pa.field(f.name, _read_as(f.type)) for f in kind])
+    if kind in (TIMESTAMP, pa.date32()):
+        return pa.string()
+    if pa.types.is_decimal128(kind):
+        return pa.decimal128(38, kind.scale)
+    return kind
+
+
+def _finish(column: pa.Array, kind: pa.DataType) -> pa.Array | None:
+    """A column as parsed (:func:`_read_as`) made ``kind``, value for value as the decoder reads
+    it; None where one value might not be: a DOUBLE -0.0 (pyarrow reads the integer ``-0`` as
+    -0.0, the decoder as 0.0, and only the decoder tells ``-0`` from ``-0.0``), a decimal beyond
+    the column's precision, a date or timestamp the decoder does not read."""
+    if pa.types.is_struct(kind):
+        children = [_finish(column.field(i), kind.field(i).type) for i in range(kind.num_fields)]
+        if any(child is None for child in children):
+            return None
+        mask = column.is_null() if column.null_count else None
+        return pa.StructArray.from_arrays(children, fields=list(kind), mask=mask)
+    if kind == pa.float64():
+        minus_zero = pc.any(pc.equal(column.view(pa.int64()), _MINUS_ZERO_BITS)).as_py()
+        return None if minus_zero else column
+    if pa.types.is_decimal128(kind):
+        try:
+            return column.cast(kind)  # refuses a value of more digits than the precision
+        except pa.ArrowInvalid:
+            return None
+    if kind == TIMESTAMP:
+        return _times(column, _TIMESTAMP_TEXT, times.json_timestamp, pa.int64(), TIMESTAMP)
+    if kind == pa.date32():
+        return _times(column, _DATE_TEXT, times.json_date, pa.int32(), kind)
+    return column
+
+
+def _times(text: pa.Array, plain: str, read: Callable[[str], int | None], held: pa.DataType,
+           kind: pa.DataType) -> pa.Array | None:
+    """Strings read into a DATE or TIMESTAMP as the decoder reads them (``read``,
+    :mod:`js_etl.decode.times`): the ones of the plain form ``plain`` (ISO 8601, at most
+    microseconds, ``Z`` or an offset) by arithmetic over the whole column, the rest one by one;
+    None if ``read`` refuses one."""
+    n = len(text)
+    values = np.zeros(n, np.int64)
+    present = np.asarray(text.is_valid())
+    fast = np.flatnonzero(np.asarray(pc.fill_null(pc.match_substring_regex(text, plain), False)))
+    if len(fast):
+        values[fast], good = _instants(text, fast)
+        fast = fast[good]
+    slow = np.flatnonzero(present)
+    slow = slow[~np.isin(slow, fast, assume_unique=True)]
+    for i in slow.tolist():
+        value = read(text[i].as_py())
+        if value is None:
+            return None
+        values[i] = value
+    return pa.array(values, held, mask=~present).cast(kind)
+
+
+def _instants(text: pa.Array, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For rows of the plain form (:func:`_times`): their days (a date) or microseconds (a
+    timestamp) since the epoch, and which of them name a real date and time (the others are
+    left to :mod:`js_etl.decode.times`, which knows what Java makes of them)."""
+    _, offsets, data = text.buffers()
+    bounds = np.frombuffer(offsets, np.int32)[text.offset:text.offset + len(text) + 1]
+    chars = np.frombuffer(data, np.uint8)
+    start, end = bounds[rows].astype(np.int64), bounds[rows + 1].astype(np.int64)
+
+    def number(at: np.ndarray, digits: int) -> np.ndarray:
+        value = np.zeros(len(rows), np.int64)
+        for k in range(digits):
+            value = value * 10 + chars[at + k] - 48
+        return value
+
+    year, month, day = number(start, 4), number(start + 5, 2), number(start + 8, 2)
+    leap = (year % 4 == 0) & ((year % 100 != 0) | (year % 400 == 0))
+    month_length = np.where(month == 2, 28 + leap, 30 + ((month + (month > 7)) % 2))
+    good = (month >= 1) & (month <= 12) & (day >= 1) & (day <= month_length)
+    shifted = year - (month <= 2)  # days from 1970-01-01 to a proleptic Gregorian date
+    era = shifted // 400
+    of_era = shifted - era * 400
+    of_year = (153 * (month + np.where(month > 2, -3, 9)) + 2) // 5 + day - 1
+    days = era * 146097 + of_era * 365 + of_era // 4 - of_era // 100 + of_year - 719468
+    length = end - start
+    if (length == 10).all():
+        return days, good
+    hour, minute, second = number(start + 11, 2), number(start + 14, 2), number(start + 17, 2)
+    zulu = chars[end - 1] == ord("Z")
+    offset_sign = chars[np.maximum(end - 6, start)]
+    has_offset = (length >= 25) & ((offset_sign == ord("+")) | (offset_sign == ord("-")))
+    offset_hours, offset_minutes = number(end - 5, 2), number(end - 2, 2)
+    offset = np.where(has_offset, (offset_hours * 3600 + offset_minutes * 60)
+                      * np.where(offset_sign == ord("-"), -1, 1), 0)
+    fraction = np.maximum(length - 20 - np.where(has_offset, 6, zulu), 0)  # its digits
+    micros = np.zeros(len(rows), np.int64)
+    for k in range(6):
+        digit = chars[np.minimum(start + 20 + k, len(chars) - 1)].astype(np.int64) - 48
+        micros += np.where(k < fraction, digit * 10 ** (5 - k), 0)
+    good &= (hour <= 23) & (minute <= 59) & (second <= 59)
+    good &= ~has_offset | ((offset_hours <= 17) & (offset_minutes <= 59))  # Java's: +-18:00
+    seconds = days * 86_400 + hour * 3600 + minute * 60 + second - offset
+    return seconds * 1_000_000 + micros, good
 
 
 def _values(array: pa.Array) -> pa.Buffer:

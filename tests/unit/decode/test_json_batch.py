@@ -167,10 +167,15 @@ def test_keep_raw_keeps_rows_without_schema_fields_like_the_decoder(arrow_type, 
     assert rows == [decode_json(p, True, spark_schema, decode)[0] for p in payloads]
 
 
-def test_only_flat_schemas_of_the_tested_types_are_supported():
-    assert supported(pa.struct([("a", pa.int64()), ("b", pa.string())]))
-    for kind in (pa.float32(), pa.timestamp("us", tz="UTC"), pa.date32(), pa.decimal128(10, 2),
-                 pa.list_(pa.string()), pa.struct([("x", pa.int64())]), pa.binary()):
+def test_only_schemas_of_the_tested_types_are_supported():
+    timestamp = pa.timestamp("us", tz="UTC")
+    for kind in (pa.string(), timestamp, pa.date32(), pa.decimal128(10, 2),
+                 pa.struct([("x", pa.int64()), ("y", pa.struct([("t", timestamp)]))])):
+        assert supported(pa.struct([("a", pa.int64()), ("b", kind)])), kind
+    for kind in (pa.float32(), pa.timestamp("us"), pa.list_(pa.string()), pa.binary(),
+                 pa.map_(pa.string(), pa.int64()), pa.struct([]),
+                 pa.struct([("x", pa.int64()), ("x", pa.string())]),
+                 pa.struct([("x", pa.list_(pa.int64()))])):
         assert not supported(pa.struct([("a", pa.int64()), ("b", kind)])), kind
     assert not supported(pa.struct([]))
 
@@ -295,6 +300,167 @@ def test_whenever_the_batch_path_answers_it_answers_what_the_decoder_does(
             rows += 1
     # Not vacuous: both paths taken, many rows compared.
     assert answered > 300 and declined > 200 and rows > 1_500, (answered, declined, rows)
+
+
+# --- the same fuzz over dates, timestamps, decimals and nested structs -------------------------
+RICH_DDL = ("id BIGINT, ts TIMESTAMP, day DATE, price DECIMAL(18,4), "
+            "c STRUCT<id: BIGINT, name: STRING, a: STRUCT<city: STRING, d: DOUBLE>>")
+
+
+@pytest.fixture(scope="module")
+def rich_schema():
+    from pyspark.sql import types as T
+
+    address = T.StructType().add("city", T.StringType()).add("d", T.DoubleType())
+    customer = (T.StructType().add("id", T.LongType()).add("name", T.StringType())
+                .add("a", address))
+    return (T.StructType().add("id", T.LongType()).add("ts", T.TimestampType())
+            .add("day", T.DateType()).add("price", T.DecimalType(18, 4)).add("c", customer))
+
+
+def _date(rng: random.Random, hostile: bool) -> str:
+    year = rng.choice([rng.randint(0, 9999), 1970, 2000, 1900, 2024, 1582, 0])
+    return (f"{year:04d}-{rng.randint(1 - hostile, 12 + hostile):02d}-"
+            f"{rng.randint(1 - hostile, 28 + 4 * hostile):02d}")
+
+
+def _timestamp(rng: random.Random, hostile: bool) -> str:
+    """Mostly the plain form json_batch reads by arithmetic, some that only the decoder's times
+    module reads, and (hostile) ones nobody reads."""
+    if rng.random() < 0.15:
+        return rng.choice(["2026-11-28", "2026-11-28T10:00", "2026-11-28T10:00:00.1234567",
+                           "2026-11-28T10:00:00+18:00", "2026-11-28T10:00:00 GMT",
+                           "2026-11-28T10:00:00UTC", "2026-11-28T10:00:00Europe/Oslo",
+                           "+12026-01-01", "2026-1-1 1:2:3"]
+                          + ["2026-02-30", "2026-11-28T24:00:00", "x", ""] * hostile)
+    text = f"{_date(rng, hostile)}{rng.choice('T T')}" + ":".join(
+        f"{rng.randint(0, 23 + 2 * hostile):02d}" for _ in range(3))
+    if rng.random() < 0.5:
+        text += "." + "".join(rng.choice("0123456789") for _ in range(rng.randint(1, 6)))
+    zone = rng.random()
+    if zone < 0.4:
+        text += "Z"
+    elif zone < 0.7:
+        text += f"{rng.choice('+-')}{rng.randint(0, 18):02d}:{rng.choice([0, 30, 45, 59]):02d}"
+    return text
+
+
+def _price(rng: random.Random, hostile: bool) -> str:
+    digits = "".join(rng.choice("0123456789") for _ in range(rng.randint(1, 14)))
+    fraction = "".join(rng.choice("0123456789") for _ in range(rng.randint(0, 4 + 2 * hostile)))
+    number = f"{rng.choice(['', '-'])}{digits.lstrip('0') or '0'}"
+    number += f".{fraction}" * bool(fraction)
+    choice = rng.random()
+    if choice < 0.6:
+        return number
+    if choice < 0.8:
+        return json.dumps(number)  # Spark reads a DECIMAL from a string too
+    return rng.choice(["1e2", "1E-4", "-0", "-0.0", "1.0e-4", "100e-6", '"+1.5"', '".5"',
+                       '"1."', "99999999999999.9999", "-99999999999999.9999"]
+                      + ['"1,234.5"', '" 1"', '""', '"1e-5"', "1e-5", "1e30",
+                         "12345678901234567.5", "99999999999999.99995", '"x"'] * hostile)
+
+
+def _customer(rng: random.Random, hostile: bool, depth: int = 0) -> str:
+    members = []
+    if rng.random() < 0.7:
+        members.append(("id", _integer(rng, 63, hostile)))
+    if rng.random() < 0.7:
+        members.append(("name", _string(rng, hostile)))
+    if depth == 0 and rng.random() < 0.7:
+        members.append(("a", _customer(rng, hostile, 1) if rng.random() < 0.9 else "null"))
+    if depth == 1:
+        members += [("city", _string(rng, hostile))] * (rng.random() < 0.7)
+        members += [("d", _double(rng, hostile))] * (rng.random() < 0.7)
+    members += [(f"x{i}", _unknown(rng, hostile)) for i in range(rng.randint(0, 2))]
+    if hostile and rng.random() < 0.1 and members:
+        members.append(members[0])  # a duplicate key, nested
+    rng.shuffle(members)
+    return "{" + ",".join(f"{json.dumps(k)}:{v}" for k, v in members) + "}"
+
+
+def _rich_payload(rng: random.Random, hostile: bool) -> bytes:
+    values = {"id": lambda: _integer(rng, 63, hostile),
+              "ts": lambda: json.dumps(_timestamp(rng, hostile)),
+              "day": lambda: json.dumps(_date(rng, hostile)),
+              "price": lambda: _price(rng, hostile), "c": lambda: _customer(rng, hostile)}
+    members = []
+    for name, value in values.items():
+        if rng.random() < 0.8:
+            wrong = hostile and rng.random() < 0.05
+            members.append((name, "null" if rng.random() < 0.05 else rng.choice(
+                ['"x"', "1", "true", "[1]", '{"a":1}', "1.5"]) if wrong else value()))
+    members += [(f"x{i}", _unknown(rng, hostile)) for i in range(rng.randint(0, 2))]
+    rng.shuffle(members)
+    return ("{" + ",".join(f"{json.dumps(k)}:{v}" for k, v in members) + "}").encode()
+
+
+def _held(kind: pa.DataType) -> pa.DataType:
+    """``kind`` with dates and timestamps as the integers they hold: Python's datetime cannot
+    hold every year Spark reads ("+12026-01-01")."""
+    if pa.types.is_struct(kind):
+        return pa.struct([pa.field(f.name, _held(f.type)) for f in kind])
+    return {pa.date32(): pa.int32(), pa.timestamp("us", tz="UTC"): pa.int64()}.get(kind, kind)
+
+
+def _alike(a: object, b: object) -> bool:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_alike(a[k], b[k]) for k in a)
+    return _same(a, b)
+
+
+@pytest.mark.parametrize("keep_raw", [False, True])
+def test_dates_timestamps_decimals_and_nested_structs_are_read_as_the_decoder_reads_them(
+        rich_schema, keep_raw):
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    kind = to_arrow_type(rich_schema, timezone="UTC")
+    rng = random.Random(20261128 + keep_raw)
+    decode = DecodeConfig(format="json", schema=RICH_DDL, keep_raw=keep_raw)
+    answered = declined = rows = 0
+    for _ in range(300):
+        hostile = rng.random() < 0.3
+        payloads = [_rich_payload(rng, hostile) for _ in range(rng.choice([1, 2, 5, 20]))]
+        result = decode_json_batch(pa.array(payloads, pa.binary()), kind, keep_raw=keep_raw)
+        if result is None:
+            declined += 1
+            continue
+        answered += 1
+        decoded = [decode_json(payload, True, rich_schema, decode) for payload in payloads]
+        assert all(error is None for _, error in decoded), [
+            (p, e) for p, (_, e) in zip(payloads, decoded, strict=True) if e]
+        # The decoder's rows as Arrow holds them (days, microseconds, Decimals): the same array
+        # the data source would build from them.
+        want = pa.array([row for row, _ in decoded], kind).cast(_held(kind)).to_pylist()
+        got_rows = result.cast(_held(kind)).to_pylist()
+        for payload, w, got in zip(payloads, want, got_rows, strict=True):
+            assert _alike(w, got), (payload, w, got)
+            rows += 1
+    assert answered > 100 and declined > 50 and rows > 600, (answered, declined, rows)
+
+
+def test_timestamps_in_the_plain_form_are_read_by_arithmetic_as_the_times_module_reads_them():
+    """json_batch._instants against js_etl.decode.times, value by value, on 50,000 strings of
+    the plain form with fields in and out of range; a value it calls not good goes to times."""
+    import numpy as np
+
+    from js_etl.decode import times
+
+    rng = random.Random(7)
+    texts = [_timestamp(rng, hostile=True) for _ in range(25_000)]
+    texts += [_date(rng, hostile=True) for _ in range(25_000)]
+    data = pa.array(texts, pa.string())
+    checked = 0
+    for plain, read in ((json_batch._TIMESTAMP_TEXT, times.json_timestamp),
+                        (json_batch._DATE_TEXT, times.json_date)):
+        rows = np.flatnonzero(np.asarray(pc.match_substring_regex(data, plain)))
+        values, good = json_batch._instants(data, rows)
+        for row, value in zip(rows[good], values[good], strict=True):
+            assert value == read(texts[row]), texts[row]
+            checked += 1
+        assert all(read(texts[row]) is None for row in rows[~good][:2000] if
+                   texts[row][11:13] in ("24", "25") or texts[row][5:7] in ("00", "13"))
+    assert checked > 30_000, checked
 
 
 # --- the data source's decoder: the same record batch whichever path decodes it -------------
