@@ -5,7 +5,8 @@ Not Spark's parser: it reads field names and the types of Spark's DDL (primitive
 parameters, ``ARRAY<…>``, ``MAP<…, …>``, ``STRUCT<…>``, ``NOT NULL``, ``COMMENT '…'``) and says
 only what is certainly wrong — an unknown type word, a bracket that does not close. Anything it
 does not know the shape of (``COLLATE``, ``INTERVAL …``, a future type's syntax) it leaves to
-Spark, which judges the schema when the run starts.
+Spark, which judges the schema when the run starts. What it reads, :func:`field_types` gives,
+for the choices made before Spark starts.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ _PRIMITIVES = frozenset({
 })
 _PARAMETERIZED = frozenset({"decimal", "dec", "numeric", "char", "character", "varchar"})
 _LEAVE_TO_SPARK = frozenset({"interval", "geometry", "geography"})
+# Spark's other names for a type, as field_types gives them.
+_ALIASES = {"byte": "tinyint", "short": "smallint", "integer": "int", "long": "bigint",
+            "real": "float", "timestamp_ltz": "timestamp", "dec": "decimal", "numeric": "decimal"}
 _TOKEN = re.compile(r"\s*(`(?:[^`]|``)+`|'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[A-Za-z_]\w*"
                     r"|\d+|[<>(),:])")
 
@@ -62,13 +66,8 @@ def _shown(token: str | None) -> str:
 
 def ddl_problem(ddl: str) -> str | None:
     """What is certainly wrong with the Spark DDL schema ``ddl``, or None."""
-    if not ddl.strip():
-        return None  # Spark reads it as no fields; the config's other checks judge that
     try:
-        tokens = _Tokens(ddl)
-        _fields(tokens, end=None)
-        if tokens.peek() is not None:
-            raise ValueError(f"unexpected {_shown(tokens.peek())}")
+        _read(ddl)
     except _Undecided:
         return None
     except ValueError as e:
@@ -76,14 +75,38 @@ def ddl_problem(ddl: str) -> str | None:
     return None
 
 
-def _fields(tokens: _Tokens, end: str | None) -> None:
+def field_types(ddl: str) -> dict[str, str] | None:
+    """The top-level fields of ``ddl`` as {name: type}, each type in lower case with Spark's
+    aliases resolved and nested field names left out (``decimal(18,4)``,
+    ``struct<bigint,array<string>>``, ``map<string,date>``); None for a schema this reader does
+    not certainly know, or no fields."""
+    try:
+        fields = _read(ddl)
+    except (_Undecided, ValueError):
+        return None
+    return dict(fields) or None
+
+
+def _read(ddl: str) -> list[tuple[str, str]]:
+    if not ddl.strip():
+        return []  # Spark reads it as no fields; the config's other checks judge that
+    tokens = _Tokens(ddl)
+    fields = _fields(tokens, end=None)
+    if tokens.peek() is not None:
+        raise ValueError(f"unexpected {_shown(tokens.peek())}")
+    return fields
+
+
+def _fields(tokens: _Tokens, end: str | None) -> list[tuple[str, str]]:
+    fields = []
     while True:
         name = tokens.take()
         if name is None or not re.fullmatch(r"`.+`|[A-Za-z_]\w*|\d+", name):
             raise ValueError(f"expected a field name, found {_shown(name)}")
         if tokens.peek() == ":":
             tokens.take()
-        _type(tokens, f"field {name.strip('`')!r}")
+        fields.append((name[1:-1].replace("``", "`") if name[0] == "`" else name,
+                       _type(tokens, f"field {name.strip('`')!r}")))
         while tokens.peek() is not None and tokens.peek() not in (",", end):
             word = (tokens.take() or "").lower()
             if word == "not":
@@ -99,44 +122,54 @@ def _fields(tokens: _Tokens, end: str | None) -> None:
                 raise ValueError(f"unexpected '{word}' after the type of field {name!r} (a "
                                  "comma missing?)")
         if tokens.peek() != ",":
-            return
+            return fields
         tokens.take()
 
 
-def _type(tokens: _Tokens, where: str) -> None:
+def _type(tokens: _Tokens, where: str) -> str:
+    """The type at ``tokens`` as :func:`field_types` gives it."""
     word = tokens.take()
     kind = (word or "").lower()
     if kind in _LEAVE_TO_SPARK:
         raise _Undecided
     if kind == "array":
         tokens.expect("<", f"after ARRAY in {where}")
-        _type(tokens, where)
+        element = _type(tokens, where)
         tokens.expect(">", f"to close ARRAY<…> in {where}")
-    elif kind == "map":
+        return f"array<{element}>"
+    if kind == "map":
         tokens.expect("<", f"after MAP in {where}")
-        _type(tokens, where)
+        key = _type(tokens, where)
         tokens.expect(",", f"between MAP's key and value types in {where}")
-        _type(tokens, where)
+        value = _type(tokens, where)
         tokens.expect(">", f"to close MAP<…> in {where}")
-    elif kind == "struct":
+        return f"map<{key},{value}>"
+    if kind == "struct":
         tokens.expect("<", f"after STRUCT in {where}")
         if tokens.peek() == ">":
             tokens.take()
-            return
-        _fields(tokens, end=">")
+            return "struct<>"
+        fields = _fields(tokens, end=">")
         tokens.expect(">", f"to close STRUCT<…> in {where}")
-    elif kind in _PARAMETERIZED:
+        return f"struct<{','.join(kind for _, kind in fields)}>"
+    if kind in _PARAMETERIZED:
+        parameters = []
         if tokens.peek() == "(":
             tokens.take()
             while tokens.peek() not in (")", None):
-                tokens.take()
+                parameters.append(tokens.take() or "")
             tokens.expect(")", f"to close {kind.upper()}(…) in {where}")
-    elif kind in _PRIMITIVES:
+        if _ALIASES.get(kind, kind) != "decimal":
+            return f"{kind}({''.join(parameters)})"  # CHAR(n), VARCHAR(n)
+        precision, _, scale = "".join(parameters).partition(",")
+        return f"decimal({precision or 10},{scale or 0})"
+    if kind in _PRIMITIVES:
         if tokens.peek() == "(":  # TIME(p), a precision
             tokens.take()
-            tokens.take()
+            digits = tokens.take()
             tokens.expect(")", f"to close {kind.upper()}(…) in {where}")
-    else:
-        raise ValueError(f"unknown type {_shown(word)} in {where} (Spark's types: BIGINT, INT, "
-                         "DOUBLE, DECIMAL(p,s), STRING, BOOLEAN, DATE, TIMESTAMP, BINARY, "
-                         "ARRAY<t>, MAP<k,v>, STRUCT<name: t, …>)")
+            return f"{kind}({digits})"
+        return _ALIASES.get(kind, kind)
+    raise ValueError(f"unknown type {_shown(word)} in {where} (Spark's types: BIGINT, INT, "
+                     "DOUBLE, DECIMAL(p,s), STRING, BOOLEAN, DATE, TIMESTAMP, BINARY, "
+                     "ARRAY<t>, MAP<k,v>, STRUCT<name: t, …>)")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from pyspark.sql.types import _parse_datatype_string
 
-from js_etl.config.ddl import ddl_problem
+from js_etl.config.ddl import ddl_problem, field_types
 
 ACCEPTED = [
     "id BIGINT, kind STRING", "id: bigint", "`a b` INT COMMENT 'the a', c DOUBLE NOT NULL",
@@ -38,3 +38,27 @@ def test_the_check_refuses_only_what_spark_refuses(spark, ddl):
         assert spark_accepts and problem is None
     else:
         assert problem is not None, f"a typo the check missed: {ddl!r}"
+
+
+def _shape(kind) -> str:
+    """Spark's simple string of a type without nested field names: field_types' form."""
+    from pyspark.sql import types as T
+
+    if isinstance(kind, T.StructType):
+        return f"struct<{','.join(_shape(f.dataType) for f in kind.fields)}>"
+    if isinstance(kind, T.ArrayType):
+        return f"array<{_shape(kind.elementType)}>"
+    if isinstance(kind, T.MapType):
+        return f"map<{_shape(kind.keyType)},{_shape(kind.valueType)}>"
+    return kind.simpleString()
+
+
+@pytest.mark.parametrize("ddl", ACCEPTED)
+def test_the_field_types_read_without_spark_are_sparks(spark, ddl):
+    """What expects_columnar reads before the JVM starts: Spark's types, or no answer."""
+    types = field_types(ddl)
+    if types is None:
+        assert any(word in ddl for word in ("COLLATE", "INTERVAL")), ddl
+        return
+    schema = _parse_datatype_string(ddl)
+    assert types == {f.name: _shape(f.dataType) for f in schema.fields}

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from js_etl.config.ddl import field_types
 from js_etl.delta.files import PartitionColumn
 from js_etl.delta.store import TableFiles, store_options, table_root
 from js_etl.schema import DEAD_LETTER, ORIGIN_COLUMNS, RAW_DDL, ddl
@@ -36,6 +37,9 @@ _COPYABLE_ORIGIN = ("subject",)
 _WRITABLE_TYPES = ("bigint", "int", "double", "string", "boolean", "date", "timestamp")
 
 
+_NESTING = ("decimal", "array", "struct", "map")
+
+
 _TYPES_PROBLEM = ("decode.schema has a type the columnar writer does not decode as Spark does "
                   f"(it takes {', '.join(t.upper() for t in _WRITABLE_TYPES)}, DECIMAL, and "
                   "ARRAY, STRUCT and MAP<STRING, …> of them)")
@@ -43,15 +47,6 @@ _TYPES_PROBLEM = ("decode.schema has a type the columnar writer does not decode 
 
 # A TIMESTAMP anywhere in a type's simple string (not a TIMESTAMP_NTZ).
 _TIMESTAMP = re.compile(r"\btimestamp\b(?!_ntz)")
-
-
-# decode.schema as expects_columnar reads it without Spark: plain `name TYPE` pairs.
-_PLAIN_FIELD = re.compile(r"\s*(`?)([A-Za-z_][A-Za-z0-9_]*)\1\s+([A-Za-z]+)\s*")
-
-
-_PLAIN_TYPES = {"bigint": "bigint", "long": "bigint", "int": "int", "integer": "int",
-                "double": "double", "string": "string", "boolean": "boolean", "date": "date",
-                "timestamp": "timestamp"}
 
 
 # What a partition column may copy: not DOUBLE (0.0 and -0.0 are one value to a filter and
@@ -143,26 +138,22 @@ def expects_columnar(config: JobConfig) -> bool:
     """Whether a drain of ``config`` will write with the columnar writer, as far as its settings
     tell before Spark starts (the table's rules are read later, by :func:`table_problem`): local
     Spark starts its JVM for the writer it will serve (:func:`js_etl.spark.session.
-    local_jvm_options`). decode.schema is read without Spark, as plain ``name TYPE`` pairs
-    only; any other schema counts as no, which only starts the JVM as for Spark's writer."""
-    fields = (_plain_fields(config.decode.schema or "") if config.decode.format == "json"
+    local_jvm_options`). decode.schema is read without Spark
+    (:func:`js_etl.config.ddl.field_types`); a schema that reader is not sure of counts as no,
+    which only starts the JVM as for Spark's writer."""
+    fields = (field_types(config.decode.schema or "") if config.decode.format == "json"
               else _payload_type_fields(config.decode))
     return (config.target.writer != "spark" and _decode_problem(config) is None
-            and fields is not None
+            and fields is not None and all(map(_writable_text, fields.values()))
             and _fields_problem(config, fields, config.spark.conf.get(
                 "spark.sql.session.timeZone", "UTC")) is None)
 
 
-def _plain_fields(ddl: str) -> dict[str, str] | None:
-    """``name TYPE, ...`` as {name: Spark's simple type name}, or None for any other schema (the
-    config has refused names that differ only in case)."""
-    fields: dict[str, str] = {}
-    for part in ddl.split(","):
-        match = _PLAIN_FIELD.fullmatch(part)
-        if match is None or match[3].lower() not in _PLAIN_TYPES:
-            return None
-        fields[match[2]] = _PLAIN_TYPES[match[3].lower()]
-    return fields  # never empty: "" splits into one part, which does not match
+def _writable_text(kind: str) -> bool:
+    """:func:`_writable` of a type as :func:`js_etl.config.ddl.field_types` gives it."""
+    words = re.findall(r"[a-z_]+", kind)
+    return (all(word in _WRITABLE_TYPES or word in _NESTING for word in words)
+            and "struct<>" not in kind and not re.search(r"map<(?!string,)", kind))
 
 
 def _decode_problem(config: JobConfig) -> str | None:

@@ -24,6 +24,9 @@ def test_a_plain_json_job_expects_the_columnar_writer() -> None:
     assert job()
     assert job("decode.schema=`id` long, kind string, n integer")
     assert job("decode.schema=id BIGINT, at TIMESTAMP, d DATE", "target.partition_by=[]")
+    assert job("decode.schema=id BIGINT, kind STRING, amount DOUBLE, ok BOOLEAN, n INT, "
+               "p DECIMAL(18,4), tags ARRAY<STRING>, c STRUCT<id BIGINT, `a b` STRUCT<x "
+               "DATE>>, m MAP<STRING, ARRAY<DEC>> NOT NULL COMMENT 'm'")
     # Spark reads a TIMESTAMP without an offset in the session's zone, the decoder in UTC.
     assert not job("decode.schema=id BIGINT, at TIMESTAMP", "target.partition_by=[]",
                    "spark.conf.spark.sql.session.timeZone=Europe/Paris")
@@ -33,8 +36,12 @@ def test_a_plain_json_job_expects_the_columnar_writer() -> None:
     "target.writer=spark",
     "decode.unknown_fields=dead_letter",
     "decode.schema=id BIGINT, at TIMESTAMP_NTZ, kind STRING",  # a type it does not write
-    "decode.schema=id BIGINT, tags ARRAY<STRING>, kind STRING",  # not plain name TYPE pairs
+    "decode.schema=id BIGINT, c STRUCT<at TIMESTAMP_NTZ>, kind STRING",
     "decode.schema=id BIGINT, kind STRING, n SMALLINT",
+    "decode.schema=id BIGINT, kind STRING, m MAP<INT, STRING>",
+    "decode.schema=id BIGINT, kind STRING, c STRUCT<>",
+    "decode.schema=id BIGINT, kind STRING, c STRUCT<f FLOAT>",
+    "decode.schema=id BIGINT, kind STRING, at TIMESTAMP, n INT COLLATE x",  # not sure: Spark's
     "target.partition_by=[amount]",  # DOUBLE partitions are Spark's writer's
     "target.partition_by=[year(published_at) AS y]",
     "spark.conf.spark.sql.session.timeZone=Europe/Paris",
