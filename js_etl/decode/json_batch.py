@@ -24,8 +24,8 @@ double (``1e400``), a batch too large for one Arrow buffer.
 So a batch goes to pyarrow only if, checked over the whole batch at once:
 
 1. every column of the schema is BIGINT, INT, SMALLINT, TINYINT, DOUBLE, STRING, BOOLEAN,
-   DATE, TIMESTAMP, DECIMAL or a STRUCT of these (the types the differential tests cover;
-   FLOAT would round twice in one of the two; arrays and maps are not proven);
+   DATE, TIMESTAMP, TIMESTAMP_NTZ, DECIMAL or a STRUCT of these (the types the differential
+   tests cover; FLOAT would round twice in one of the two; arrays and maps are not proven);
 2. no payload is null, every one is valid UTF-8 (validated here: a caller's flags are not
    trusted), starts with ``{``, ends with ``}`` and holds no ``\\n`` or ``\\r``;
 3. no payload contains ``NaN`` or ``Inf`` anywhere, nor a run of more than 1,000 digits (the
@@ -76,11 +76,14 @@ from js_etl.decode import times
 PLAIN_TYPES = (pa.int64(), pa.int32(), pa.int16(), pa.int8(), pa.float64(), pa.string(),
                pa.bool_())
 TIMESTAMP = pa.timestamp("us", tz="UTC")
+TIMESTAMP_NTZ = pa.timestamp("us")
 # The plain forms of a date and a timestamp, read by arithmetic (_instants): ISO 8601 with at
 # most microseconds, in UTC where no zone is given (the decoder's session is UTC).
-_DATE_TEXT = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$"
-_TIMESTAMP_TEXT = (r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?"
-                   r"(Z|[+-][0-9]{2}:[0-9]{2})?$")
+_DAY = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}"
+_TIME = r"[T ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?"
+_DATE_TEXT = _DAY + "$"
+_TIMESTAMP_NTZ_TEXT = _DAY + _TIME + "$"
+_TIMESTAMP_TEXT = _DAY + _TIME + r"(Z|[+-][0-9]{2}:[0-9]{2})?$"
 # A longer integer literal is malformed JSON (js_etl.decode.arrow, as Spark's parser: Jackson's
 # maxNumberLength; docs/design/json-decoding.md).
 MAX_INTEGER_DIGITS = 1000
@@ -104,7 +107,7 @@ def _readable(kind: pa.DataType) -> bool:
         names = [kind.field(i).name for i in range(kind.num_fields)]
         return (bool(names) and len(set(names)) == len(names)
                 and all(_readable(kind.field(i).type) for i in range(kind.num_fields)))
-    return kind in PLAIN_TYPES or kind in (TIMESTAMP, pa.date32()) or pa.types.is_decimal128(kind)
+    return (kind in PLAIN_TYPES or kind in _TIMES or pa.types.is_decimal128(kind))
 
 
 def decode_json_batch(data: pa.Array, struct: pa.DataType, *, keep_raw: bool
@@ -151,7 +154,7 @@ def _read_as(kind: pa.DataType) -> pa.DataType:
     does not check the column's; :func:`_finish` does)."""
     if pa.types.is_struct(kind):
         return pa.struct([pa.field(f.name, _read_as(f.type)) for f in kind])
-    if kind in (TIMESTAMP, pa.date32()):
+    if kind in _TIMES:
         return pa.string()
     if pa.types.is_decimal128(kind):
         return pa.decimal128(38, kind.scale)
@@ -177,11 +180,18 @@ def _finish(column: pa.Array, kind: pa.DataType) -> pa.Array | None:
             return column.cast(kind)  # refuses a value of more digits than the precision
         except pa.ArrowInvalid:
             return None
-    if kind == TIMESTAMP:
-        return _times(column, _TIMESTAMP_TEXT, times.json_timestamp, pa.int64(), TIMESTAMP)
-    if kind == pa.date32():
-        return _times(column, _DATE_TEXT, times.json_date, pa.int32(), kind)
+    if kind in _TIMES:
+        plain, read, held = _TIMES[kind]
+        return _times(column, plain, read, held, kind)
     return column
+
+
+# Each time type: its plain form, the decoder's reading of any form, the integer Arrow holds.
+_TIMES: dict[pa.DataType, tuple[str, Callable[[str], int | None], pa.DataType]] = {
+    pa.date32(): (_DATE_TEXT, times.json_date, pa.int32()),
+    TIMESTAMP: (_TIMESTAMP_TEXT, times.json_timestamp, pa.int64()),
+    TIMESTAMP_NTZ: (_TIMESTAMP_NTZ_TEXT, times.json_timestamp_ntz, pa.int64()),
+}
 
 
 def _times(text: pa.Array, plain: str, read: Callable[[str], int | None], held: pa.DataType,

@@ -94,9 +94,13 @@ def table_problem(table: TableShape, rows: StructType, partition_columns: list[s
 # Table features of tables the columnar writer appends to as it does to any other: deltalake
 # commits to them, and a commit that only adds files is all they ask of a writer. Deletion vectors
 # mark rows other writers deleted (an append adds none); a change data feed derives an append's
-# changes from its add actions; invariants are refused where a column has one (below).
+# changes from its add actions; timestampNtz only says a column is TIMESTAMP_NTZ, which the tasks
+# write as Parquet's timestamp not adjusted to UTC; invariants are refused where a column has one
+# (below).
 APPEND_SAFE_FEATURES = frozenset({"appendOnly", "invariants", "changeDataFeed",
-                                  "deletionVectors"})
+                                  "deletionVectors", "timestampNtz"})
+# Reader features that leave a file's columns the table's rows (TableView.reads_files_as_rows).
+PLAIN_FILE_READER_FEATURES = frozenset({"timestampNtz"})
 
 
 def unwritable(reader_version: int, writer_version: int, configuration: Mapping[str, str],

@@ -34,7 +34,13 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import unquote
 
-from js_etl.delta.rules import TableShape, local_directory, object_store_url, unwritable
+from js_etl.delta.rules import (
+    PLAIN_FILE_READER_FEATURES,
+    TableShape,
+    local_directory,
+    object_store_url,
+    unwritable,
+)
 from js_etl.delta.store import TableFiles, table_root
 from js_etl.errors import ConfigError, TerminalError, TransientError, one_line
 from js_etl.schema import REQUIRED_COLUMNS
@@ -462,15 +468,19 @@ class TableView:
 
     def reads_files_as_rows(self, columns: Iterable[str]) -> bool:
         """Whether ``columns`` of the table's rows are the same columns of the files its log
-        names, read as they are. What that relies on: on reader protocol 1 a file's columns
-        are named by their logical names (column mapping, which names the physical ones, needs
-        reader 2) and every row of a listed file is in the table (deletion vectors need reader
-        3); a partition column is not in the files; and Spark matches names without case, a
-        file's reader with it, so only names spelled as given count."""
+        names, read as they are. What that relies on: on reader protocol 1 (or 3 with only
+        :data:`PLAIN_FILE_READER_FEATURES`) a file's columns are named by their logical names
+        (column mapping, which names the physical ones, needs reader 2 or its feature) and every
+        row of a listed file is in the table (deletion vectors need their reader feature); a
+        partition column is not in the files; and Spark matches names without case, a file's
+        reader with it, so only names spelled as given count."""
         names = {field.name for field in self.table.schema().fields}
         partitions = set(self.table.metadata().partition_columns)
-        return (self.table.protocol().min_reader_version == 1
-                and all(c in names and c not in partitions for c in columns))
+        protocol = self.table.protocol()
+        plain = protocol.min_reader_version == 1 or (
+            protocol.min_reader_version == 3
+            and set(protocol.reader_features or ()) <= PLAIN_FILE_READER_FEATURES)
+        return plain and all(c in names and c not in partitions for c in columns)
 
     def keys(self, stream: str, first: int, last: int, columns: Iterable[str]) -> pa.Table | None:
         """``columns`` of the rows the table holds for ``stream`` in ``first..last``, read from
@@ -597,7 +607,8 @@ def create_table(directory: str, rows: StructType, partition_columns: list[str])
     """Create the missing table at ``directory`` for this writer, with ``deltalake``, the
     library that commits its rounds: far cheaper than Spark's empty append, which runs in the
     JVM. Its first commit holds what Spark's would (protocol reader 1 / writer 2, the schema,
-    the partition columns: tests/drain/test_columnar.py compares the two), unless
+    the partition columns: tests/drain/test_columnar.py compares the two; a TIMESTAMP_NTZ
+    column adds the timestampNtz feature, at reader 3 / writer 7, as Spark's does), unless
     :func:`needs_spark_to_create`.
 
     Raises if a table is there already, or another process created it meanwhile; the caller

@@ -42,6 +42,7 @@ TABLES = [
      "typeWidening"),
     ("append_only", "(id BIGINT) USING delta TBLPROPERTIES ('delta.appendOnly' = 'true')",
      None),
+    ("timestamp_ntz", "(id BIGINT, at TIMESTAMP_NTZ) USING delta", None),
 ]
 
 

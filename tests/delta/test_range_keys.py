@@ -50,6 +50,7 @@ def create(spark: Any, path: Path, *, seq_name: str = "seq", partition_by: tuple
     ({"properties": "'delta.columnMapping.mode'='name', 'delta.minReaderVersion'='2', "
                     "'delta.minWriterVersion'='5'"}, False),  # physical names in the files
     ({"properties": "'delta.enableDeletionVectors'='true'"}, False),  # rows deleted in place
+    ({"properties": "'delta.feature.timestampNtz'='supported'"}, True),  # reader 3, plain files
     ({"seq_name": "SEQ"}, False),  # Spark's names match without case, Parquet's do not
 ])
 def test_range_keys_are_what_spark_reads_through_delta(spark, tmp_path, shape, direct):

@@ -34,7 +34,8 @@ _COPYABLE_ORIGIN = ("subject",)
 
 # What the columnar writer decodes as Spark does. Not SMALLINT or TINYINT: Spark's parser takes
 # 200 into a TINYINT as -56, the decoders refuse it.
-_WRITABLE_TYPES = ("bigint", "int", "double", "string", "boolean", "date", "timestamp")
+_WRITABLE_TYPES = ("bigint", "int", "double", "string", "boolean", "date", "timestamp",
+                   "timestamp_ntz")
 
 
 _NESTING = ("decimal", "array", "struct", "map")
@@ -82,10 +83,6 @@ def config_problem(spark: SparkSession, config: JobConfig) -> str | None:
     if problem:
         return problem
     payload = _payload_type(config.decode)
-    if any("timestamp_ntz" in f.dataType.simpleString() for f in payload.fields):
-        # Its decoding is Spark's (js_etl.decode.times); the table is not the writer's.
-        return ("TIMESTAMP_NTZ needs Delta's timestampNtz table feature, which the columnar "
-                "writer does not commit to")
     if not all(_writable(f.dataType) for f in payload.fields):
         return _TYPES_PROBLEM
     problem = _times_problem(spark, [f.dataType.simpleString() for f in payload.fields])

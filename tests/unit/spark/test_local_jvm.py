@@ -23,7 +23,8 @@ def job(*overrides: str) -> bool:
 def test_a_plain_json_job_expects_the_columnar_writer() -> None:
     assert job()
     assert job("decode.schema=`id` long, kind string, n integer")
-    assert job("decode.schema=id BIGINT, at TIMESTAMP, d DATE", "target.partition_by=[]")
+    assert job("decode.schema=id BIGINT, at TIMESTAMP, d DATE, l TIMESTAMP_NTZ",
+               "target.partition_by=[]")
     assert job("decode.schema=id BIGINT, kind STRING, amount DOUBLE, ok BOOLEAN, n INT, "
                "p DECIMAL(18,4), tags ARRAY<STRING>, c STRUCT<id BIGINT, `a b` STRUCT<x "
                "DATE>>, m MAP<STRING, ARRAY<DEC>> NOT NULL COMMENT 'm'")
@@ -35,8 +36,8 @@ def test_a_plain_json_job_expects_the_columnar_writer() -> None:
 @pytest.mark.parametrize("override", [
     "target.writer=spark",
     "decode.unknown_fields=dead_letter",
-    "decode.schema=id BIGINT, at TIMESTAMP_NTZ, kind STRING",  # a type it does not write
-    "decode.schema=id BIGINT, c STRUCT<at TIMESTAMP_NTZ>, kind STRING",
+    "decode.schema=id BIGINT, at FLOAT, kind STRING",  # a type it does not write
+    "decode.schema=id BIGINT, c STRUCT<at BINARY>, kind STRING",
     "decode.schema=id BIGINT, kind STRING, n SMALLINT",
     "decode.schema=id BIGINT, kind STRING, m MAP<INT, STRING>",
     "decode.schema=id BIGINT, kind STRING, c STRUCT<>",
