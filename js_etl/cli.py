@@ -151,22 +151,8 @@ def _traceback_if(verbose: bool) -> None:
         traceback.print_exc(file=sys.stderr)
 
 
-def check_target_paths(config: JobConfig) -> None:
-    """Refuse (exit 2, path named) a local table or dead-letter path that cannot be written
-    (under a regular file, in /proc, no permission) before Spark starts, instead of an
-    unexplained failure (exit 1) after the first round was fetched."""
-    from js_etl.config import local_path_problem
-    from js_etl.errors import ConfigError
-
-    target = config.target
-    for key, path in (("target.path", target.path),
-                      ("target.dead_letter_path", target.resolved_dead_letter_path)):
-        problem = local_path_problem(path) if path else None
-        if problem:
-            raise ConfigError(f"{key} {path}: {problem}; point it at a writable directory")
-
-
 def _drain(config: JobConfig, report_file: str | None, spark_submit: bool) -> int:
+    from js_etl.drain.preflight import check_drainable, check_target_paths
     from js_etl.drain.run import run_drain
     from js_etl.drain.writers.columnar_plan import expects_columnar
     from js_etl.spark.session import job_session
@@ -207,28 +193,6 @@ def _drain(config: JobConfig, report_file: str | None, spark_submit: bool) -> in
     return 0
 
 
-def check_drainable(config: JobConfig, options: Any) -> None:
-    """What NATS can say before Spark starts, in a second rather than after the JVM: the server
-    answers with these credentials, the stream exists, the consumer exists as a drain needs it
-    (or is missing where the run may create it), and no other run holds it. Read-only: the run
-    checks all of it again itself, and creates what it may."""
-    from js_etl.durable.lease import refuse_if_held
-    from js_etl.durable.policy import desired_consumer, ensure_drain_consumer, min_ack_wait
-    from js_etl.jetstream import JetStreamSession
-    from js_etl.jetstream.errors import ConsumerNotFoundError
-
-    source = config.source
-    with JetStreamSession(options) as js:
-        js.stream_info(source.stream)
-        try:
-            js.run(ensure_drain_consumer(js.admin, source.stream, desired_consumer(config),
-                                         create=False, min_ack_wait=min_ack_wait(config)))
-        except ConsumerNotFoundError:
-            if not source.create_consumer:
-                raise
-        refuse_if_held(js, source.lease_bucket, source.stream, source.consumer)
-
-
 def _emit(report: RunReport, report_file: str | None) -> int:
     """The report as JSON: to ``--report-file`` and as the last stdout line."""
     text = report.to_json()
@@ -249,6 +213,7 @@ def _sequence(text: str) -> int:
 def _backfill(args: argparse.Namespace, spark_submit: bool) -> int:
     from js_etl.backfill.run import Backfill, RangeRequest
     from js_etl.delta.table import DeltaTarget, job_tables
+    from js_etl.drain.preflight import check_target_paths
     from js_etl.spark.session import job_session
 
     config = load_config(args.config, args.overrides)

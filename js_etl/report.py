@@ -34,6 +34,9 @@ class StopReason(StrEnum):
     TERMINATED = "terminated"  # SIGTERM: the round in progress finished, then the run stopped
     RANGE_DONE = "range_done"  # backfill: the whole range was read
     NOTHING_IN_RANGE = "nothing_in_range"  # backfill: nothing matched; nothing written
+    # the Airflow operator's check before spark-submit: nothing pending, nothing ack-pending;
+    # no run was started
+    NOTHING_PENDING = "nothing_pending"
 
 
 @dataclass
@@ -66,7 +69,8 @@ class RunReport:
     released_at_end: int = 0
     duplicates_dropped: int = 0  # second copies of a seq fetched within one round (not written)
     already_committed: int = 0  # fetched again though a table held them: acked, not rewritten
-    writer: str = "spark"  # "columnar" (js_etl.drain.writers.columnar) or "spark"
+    # "columnar" (js_etl.drain.writers.columnar) or "spark"; "none" when no run was started
+    writer: str = "spark"
     writer_note: str | None = None  # why the Spark writer, when the columnar one was not chosen
     stopped_because: StopReason | None = None
     seconds: float = 0.0

@@ -39,7 +39,13 @@ from js_etl.airflow.assets import target_asset, task_alias
 from js_etl.airflow.hooks import JetStreamHook
 from js_etl.airflow.job_config import load_job_config, override_list
 from js_etl.config import JobConfig
-from js_etl.errors import JsEtlError
+from js_etl.drain.preflight import (
+    check_drainable,
+    check_target_paths,
+    nothing_to_drain,
+    skipped_report,
+)
+from js_etl.errors import JsEtlError, TerminalError
 from js_etl.report import summary_table
 
 if TYPE_CHECKING:
@@ -193,6 +199,12 @@ class JetStreamToDeltaOperator(BaseOperator):
     :param emit_empty_asset_event: also emit the table's asset event when the run wrote no
         message (default ``False``: a downstream DAG scheduled on the table does not run for
         nothing).
+    :param skip_when_empty: before spark-submit, a drain's task checks in seconds what the job
+        would check after its JVM started — the target paths, the connection and its
+        credentials, the stream, the consumer, that no other run holds it
+        (:mod:`js_etl.drain.preflight`) — and, when the consumer has nothing pending and nothing
+        ack-pending, returns a report with ``stopped_because: "nothing_pending"`` instead of
+        submitting (default ``True``; ``False`` submits anyway).
 
     Example::
 
@@ -234,6 +246,7 @@ class JetStreamToDeltaOperator(BaseOperator):
         openlineage_inject_parent_job_info: bool | None = None,
         openlineage_inject_transport_info: bool | None = None,
         spark_log_level: str | None = "WARN",
+        skip_when_empty: bool = True,
         **kwargs: Any,
     ) -> None:
         if job not in JOB_SCRIPTS:
@@ -268,6 +281,7 @@ class JetStreamToDeltaOperator(BaseOperator):
             raise ValueError(f"spark_log_level must be one of {', '.join(SPARK_LOG_LEVELS)} "
                              f"or None (Spark's own logging), got {spark_log_level!r}")
         self.spark_log_level = spark_log_level
+        self.skip_when_empty = bool(skip_when_empty)
         self._hook: _JobSubmitHook | None = None
         self._config: JobConfig | None = None  # the run's config, loaded by execute
         self._report: dict[str, Any] | None = None
@@ -284,8 +298,17 @@ class JetStreamToDeltaOperator(BaseOperator):
         # The job would refuse a bad config too, but only after Spark started: check it here
         # with exactly the environment the job will see. The one read of the task: asset events
         # and lineage use this same config.
-        config = load_job_config(config_path, overrides, {**os.environ, **job_env, **user_env})
+        environ = {**os.environ, **job_env, **user_env}
+        config = load_job_config(config_path, overrides, environ)
         self._config = config
+        if self.job == "drain" and self._nothing_to_drain(config, environ):
+            report = skipped_report(config).as_dict()
+            self.log.info("js-etl drain not submitted: consumer %s of stream %s has nothing "
+                          "pending and nothing ack-pending (skip_when_empty=False submits "
+                          "anyway)", config.source.consumer, config.source.stream)
+            self._record_asset_events(context, config, report)
+            self._report = report
+            return report
         application = self._application()
         report_dir = tempfile.mkdtemp(prefix="js-etl-report-")
         report_file = os.path.join(report_dir, "report.json")
@@ -309,6 +332,23 @@ class JetStreamToDeltaOperator(BaseOperator):
         self._record_asset_events(context, config, report)
         self._report = report
         return report
+
+    def _nothing_to_drain(self, config: JobConfig, environ: Mapping[str, str]) -> bool:
+        """The drain's checks before Spark starts (:mod:`js_etl.drain.preflight`), here, with the
+        environment the job would see: a failure fails the task as the job's would (a terminal
+        one without retries), only sooner; True when the consumer has nothing to drain and
+        ``skip_when_empty``."""
+        try:
+            check_target_paths(config)
+            options = config.nats.connection_options(environ)
+            options.check_files()
+            info = check_drainable(config, options)
+        except JsEtlError as e:
+            reason = f"js-etl: {type(e).__name__}: {e}"
+            if isinstance(e, TerminalError):
+                raise AirflowFailException(reason) from None
+            raise AirflowException(reason) from None
+        return self.skip_when_empty and nothing_to_drain(info)
 
     def _job_arguments(self, config_path: str, overrides: Sequence[str],
                        report_file: str) -> list[str]:

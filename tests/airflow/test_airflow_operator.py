@@ -270,8 +270,8 @@ def test_failed_job_fails_the_task_with_the_jobs_own_reason(names, tmp_path, tok
 
     assert task_states(dag_run) == {"unreachable": "failed", "bad_config": "failed"}
     failed = failures(dag_id)
-    # The job ran (spark-submit), could not reach NATS, and said so: exit 75 is transient, so
-    # the task fails with a plain AirflowException that Airflow's retries apply to.
+    # The check before spark-submit could not reach NATS, and said so as the job would have:
+    # transient, so the task fails with a plain AirflowException that Airflow's retries apply to.
     assert failed["unreachable"]["type"] == "AirflowException"
     assert failed["unreachable"]["message"].startswith(
         "js-etl: NatsUnavailableError: cannot connect to NATS at nats://127.0.0.1:")
@@ -285,6 +285,57 @@ def test_failed_job_fails_the_task_with_the_jobs_own_reason(names, tmp_path, tok
         names.stream, str(tmp_path / "table")]
     (bad_config,) = lineage_events(f"{dag_id}.bad_config", "FAIL")
     assert (bad_config["inputs"], bad_config["outputs"]) == ([], [])
+
+
+def test_a_drain_is_checked_before_spark_submit_and_not_submitted_when_empty(tjs, names,
+                                                                          tmp_path):
+    """What the job would find after its JVM started, the task finds before spark-submit, which
+    here cannot start at all: a missing stream fails the task without retries; a consumer with
+    nothing pending returns a report instead, unless skip_when_empty=False; one with messages
+    pending is submitted."""
+    from dataclasses import replace
+
+    from js_etl.config import load_config
+    from js_etl.durable.policy import desired_consumer
+    from js_etl.jetstream.api import DeliverPolicy
+
+    tjs.run(tjs.admin.add_stream(names.stream, [names.subject]))
+    tjs.run(publish(tjs.conn, [(f"{names.prefix}.e", b"%d" % i) for i in range(3)]))
+    tjs.run(wait_for_messages(tjs.conn, names.stream, 3))
+    config = write_config(tmp_path, names, tmp_path / "table")
+    desired = desired_consumer(load_config(str(config), [], environ={}))
+    tjs.run(tjs.admin.create_consumer(names.stream, desired))
+    tjs.run(tjs.admin.create_consumer(names.stream, replace(
+        desired, durable_name=f"{names.consumer}_new", deliver_policy=DeliverPolicy.NEW)))
+    dag_id = f"drain_checked_{names.stream}"
+    dag = load_dag(write_dag(dag_id, f"""
+        def drain(task_id, **kwargs):
+            return JetStreamToDeltaOperator(
+                task_id=task_id, config_path={str(config)!r}, nats_conn_id="nats_test",
+                spark_binary="/nonexistent/spark-submit", **kwargs)
+
+        with DAG(DAG_ID, schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
+                 catchup=False, default_args={{"on_failure_callback": record_failure}}) as dag:
+            drain("empty", overrides={{"source.consumer": "{names.consumer}_new"}})
+            drain("empty_anyway", overrides={{"source.consumer": "{names.consumer}_new"}},
+                  skip_when_empty=False)
+            drain("missing", overrides={{"source.stream": "NOPE_{names.stream}"}})
+            drain("pending")
+        """))
+    dag_run = dag.test()
+
+    assert task_states(dag_run) == {"empty": "success", "empty_anyway": "failed",
+                                    "missing": "failed", "pending": "failed"}
+    report = xcom(dag_run, "empty")
+    assert (report["stopped_because"], report["messages_written"], report["writer"],
+            report["consumer"]) == ("nothing_pending", 0, "none", f"{names.consumer}_new")
+    failed = failures(dag_id)
+    assert failed["missing"]["type"] == "AirflowFailException"
+    assert failed["missing"]["message"].startswith(
+        f"js-etl: StreamNotFoundError: stream 'NOPE_{names.stream}' not found: check "
+        "source.stream")
+    for submitted in ("empty_anyway", "pending"):  # spark-submit was tried
+        assert "/nonexistent/spark-submit" in failed[submitted]["message"], failed[submitted]
 
 
 def test_example_backfill_dag_backfills_a_range_and_names_the_table_it_wrote(

@@ -95,6 +95,7 @@ def test_js_etl_drain_starts_local_spark_for_the_writer_it_expects(monkeypatch, 
                                                                    columnar):
     import js_etl.spark.session as session
     from js_etl import cli
+    from js_etl.drain import preflight
 
     class Started(Exception):
         pass
@@ -103,7 +104,7 @@ def test_js_etl_drain_starts_local_spark_for_the_writer_it_expects(monkeypatch, 
         raise Started(spark_submit, columnar)
 
     monkeypatch.setattr(session, "job_session", job_session)
-    monkeypatch.setattr(cli, "check_drainable", lambda config, options: None)  # no NATS here
+    monkeypatch.setattr(preflight, "check_drainable", lambda config, options: None)  # no NATS
     config = load_config(None, (*JSON_JOB, f"target.path={tmp_path / 't'}",
                                 f"target.writer={writer}"), environ={})
     with pytest.raises(Started) as started:
