@@ -103,6 +103,9 @@ class JetStreamBacklogTrigger(BaseTrigger):
 
 
 _log = logging.getLogger(__name__)
+# The longest wait between two checks of a watcher whose stream, consumer or credentials need a
+# fix (the wait doubles from poll_interval).
+MAX_TERMINAL_WAIT = 300.0
 
 
 def _check_event_args(min_pending: Any, poll_interval: Any) -> tuple[int, float]:
@@ -136,9 +139,12 @@ class JetStreamBacklogEventTrigger(BaseEventTrigger):
     NATS connection and one poll in the triggerer (``shared_stream_key``), whatever their
     thresholds.
 
-    A missing stream, consumer or connection, and refused credentials, fail the trigger (they
-    need a fix, and an event would start a DAG run for nothing); an unreachable server is
-    logged and retried every ``poll_interval``.
+    A missing stream, consumer or connection, and refused credentials, need a fix: each is
+    logged as an error, and checked again after a wait that doubles up to
+    :data:`MAX_TERMINAL_WAIT` (never an event, which would start a DAG run for nothing, and
+    never a failed trigger, which the triggerer would restart at once, again and again); an
+    unreachable server is logged and retried every ``poll_interval``. The connection is kept
+    through either.
 
     Event payload: ``{"stream", "consumer", "num_pending", "min_pending"}``.
     """
@@ -167,23 +173,28 @@ class JetStreamBacklogEventTrigger(BaseEventTrigger):
         interval = float(kwargs["poll_interval"])
         hook = JetStreamHook(kwargs["nats_conn_id"])
         conn: JetStreamConnection | None = None
+        wait = interval
         try:
             while True:
                 try:
                     if conn is None:
                         conn = await JetStreamConnection.open(await hook.aconnection_options())
                     info = await JetStreamAdmin(conn).consumer_info(stream, consumer)
-                except TerminalError:
-                    raise
+                except TerminalError as e:  # a missing stream or consumer, refused credentials
+                    wait = min(wait * 2, max(interval, MAX_TERMINAL_WAIT))
+                    _log.error("%s/%s: %s: %s; this needs a fix, no event until then; checking "
+                               "again in %.3gs", stream, consumer, type(e).__name__, e, wait)
                 except Exception as e:  # unreachable, leadership change: the next poll may pass
+                    wait = interval
                     _log.warning("%s/%s: %s: %s; retrying in %.3gs", stream, consumer,
                                  type(e).__name__, e, interval)
                     old, conn = conn, None
                     if old is not None:
                         await _close_quietly(old)
                 else:
+                    wait = interval
                     yield {"num_pending": info.num_pending}
-                await asyncio.sleep(interval)
+                await asyncio.sleep(wait)
         finally:
             if conn is not None:
                 await _close_quietly(conn)

@@ -166,13 +166,11 @@ def test_watcher_fires_exactly_when_the_backlog_crosses_n(tjs, names):
         {**fired, "num_pending": n + 2, "min_pending": n + 2}]}
 
 
-def test_watcher_rearms_after_a_drain_and_fails_on_a_missing_consumer(tjs, names):
+def test_watcher_rearms_after_a_drain(tjs, names):
     """Fires at N, stays quiet while the backlog stays, fires again once it has seen the backlog
-    fall below N (a drain) and cross N again; a consumer that does not exist is an error of the
-    standalone run(), never an event (an event would start a DAG run)."""
+    fall below N (a drain) and cross N again."""
     from js_etl.airflow import JetStreamBacklogEventTrigger
     from js_etl.jetstream import JetStreamAdmin
-    from js_etl.jetstream.errors import ConsumerNotFoundError
 
     _stream_with_consumer(tjs, names)
     trigger = JetStreamBacklogEventTrigger(nats_conn_id="nats_test", stream=names.stream,
@@ -214,14 +212,56 @@ def test_watcher_rearms_after_a_drain_and_fails_on_a_missing_consumer(tjs, names
 
     assert asyncio.run(asyncio.wait_for(scenario(), 90)) == [2, 2]
 
-    missing = JetStreamBacklogEventTrigger(nats_conn_id="nats_test", stream=names.stream,
-                                           consumer="no_such_consumer", poll_interval=0.05)
 
-    async def first_of_missing() -> Any:
-        return await anext(missing.run())
 
-    with pytest.raises(ConsumerNotFoundError, match="no_such_consumer"):
-        asyncio.run(asyncio.wait_for(first_of_missing(), 30))
+def test_a_watcher_on_a_missing_consumer_logs_backs_off_and_fires_once_it_exists(tjs, names,
+                                                                                caplog):
+    """A missing consumer needs a fix: no event (it would start a DAG run), no failed trigger
+    (the triggerer would restart it at once, a crash loop), but an error logged each check, the
+    checks further and further apart, on the one connection; once the consumer exists with a
+    backlog, the watcher fires."""
+    import logging
+    import re
+
+    from js_etl.airflow import JetStreamBacklogEventTrigger
+    from js_etl.jetstream import JetStreamAdmin
+
+    tjs.run(tjs.admin.add_stream(names.stream, [names.subject]))
+    trigger = JetStreamBacklogEventTrigger(nats_conn_id="nats_test", stream=names.stream,
+                                           consumer=names.consumer, poll_interval=0.05)
+
+    def waits() -> list[float]:
+        return [float(m[1]) for r in caplog.records if r.name == "js_etl.airflow.triggers"
+                and r.levelno == logging.ERROR
+                and (m := re.search(r"ConsumerNotFoundError.*checking again in ([0-9.]+)s",
+                                    r.getMessage()))]
+
+    async def scenario() -> Any:
+        events = trigger.run()
+        first = asyncio.ensure_future(anext(events))
+        try:
+            await _wait_until(lambda: first.done() or len(waits()) >= 3, "three checks", 60)
+            assert not first.done(), first  # neither an event nor an exception
+            conn = await JetStreamConnection.open(ConnectionOptions(
+                servers=tjs.conn.options.servers, token=Secret(TOKEN), connect_timeout=2))
+            try:
+                await JetStreamAdmin(conn).create_consumer(names.stream, ConsumerConfig(
+                    durable_name=names.consumer, ack_policy=AckPolicy.EXPLICIT))
+                await publish(conn, [(f"{names.prefix}.e", b"m")])
+            finally:
+                await conn.close()
+            return await asyncio.wait_for(first, 60)
+        finally:
+            first.cancel()
+            await asyncio.gather(first, return_exceptions=True)
+            await events.aclose()
+
+    with caplog.at_level(logging.WARNING, logger="js_etl.airflow.triggers"):
+        event = asyncio.run(asyncio.wait_for(scenario(), 90))
+    assert event.payload["num_pending"] == 1
+    seen = waits()
+    assert seen[:3] == [0.1, 0.2, 0.4], seen  # doubling from poll_interval
+    assert not any("retrying in" in r.getMessage() for r in caplog.records)  # one connection
 
 
 def _sync_dags_folder_and_unpause(dag_id: str) -> None:
