@@ -30,7 +30,8 @@ def test_stop_reasons_are_a_closed_set_serialised_as_plain_strings():
     assert StopReason("below_min_pending") is StopReason.BELOW_MIN_PENDING
     assert {s.value for s in StopReason} == {
         "drained", "target_reached", "max_messages", "max_bytes", "max_rounds", "max_seconds",
-        "below_min_pending", "nothing_fetched", "terminated", "range_done", "nothing_in_range"}
+        "below_min_pending", "nothing_fetched", "terminated", "range_done", "nothing_in_range",
+        "nothing_pending"}
 
 
 def test_log_progress_writes_one_line_a_round(caplog):
