@@ -308,3 +308,31 @@ def test_the_fallback_reader_counts_a_raw_table_by_its_sequences(tmp_path):
     counts = table_counts_deltalake(str(tmp_path / "raw"))
     assert counts == {"rows": 3, "distinct_seq": 3, "min_seq": 5, "max_seq": 7, "payload_rows": 2}
     assert table_problems(counts, 3, 5, 7, ids=False) == ["table payload_rows 2 != 3"]
+
+
+def test_the_performance_page_is_the_rendering_of_the_last_results_file():
+    """docs/performance.md is generated (tools/bench/page.py) from docs/performance.json, the
+    results of `make bench`: no figure on it is typed by hand, and it cannot drift from them."""
+    from tools.bench.page import PAGE, RESULTS, render
+
+    result = json.loads(RESULTS.read_text())
+    assert PAGE.read_text() == render(result)
+    assert result["ok"] and len(result["workloads"]) == 8  # local and S3, flat and rich, 2 sizes
+
+
+def test_the_performance_page_marks_a_missed_target():
+    from tools.bench.page import render
+
+    leg = {"verified": True, "msg_per_s": 100, "msg_per_cpu_s": 50}
+    result = {"machine": {"cpus": 2, "memory_gib": 1, "platform": "p", "python": "3",
+                          "versions": {}},
+              "settings": {"partitions": 2, "spark_master": "local[2]", "peer_batch": 5000,
+                           "repeat": 1, "decode_schemas": {"flat": "id BIGINT"}},
+              "workloads": [{"target": "local", "schema": "flat", "messages": 10, "size": 256,
+                             "legs": {"simple_peer": leg, "js_etl": {**leg, "writer": "columnar"}},
+                             "ratios": {"js_etl_vs_simple_peer": 1.1},
+                             "targets": {"js_etl_vs_simple_peer": 1.2},
+                             "cpu_ratios": {"js_etl_vs_simple_peer": 1.0},
+                             "cpu_targets": {"js_etl_vs_simple_peer": 1.0}}]}
+    (row,) = [line for line in render(result).splitlines() if line.startswith("| local")]
+    assert "| 1.10 (≥ 1.2: **not met**) |" in row and "| 1.00 (≥ 1: met) |" in row, row

@@ -6,7 +6,7 @@ loopback only, stopped by pid) and packs js-etl for the executors once
 (:mod:`tools.shipping`: the wheel of this checkout plus the executors' dependencies, cached
 in ``.cache/executor-env``). It publishes the workload once into one stream and, for each N,
 runs two legs on their own fresh durable consumers of that stream, ``local[N]`` first and then
-``cluster-N``: the packaged drain job (``js_etl/jobs/drain.py``) submitted with the README's
+``cluster-N``: the packaged drain job (``js_etl/jobs/drain.py``) submitted with docs/running.md's
 spark-submit ("Running on a cluster") — ``--master spark://…``, client deploy mode, Delta's jars
 with ``--jars``, the packed environment with ``--archives env.tar.gz#environment``,
 ``spark.pyspark.python=./environment/bin/python``, ``spark.cores.max=N`` (N of the one-core
@@ -50,7 +50,7 @@ def leg_name(mode: str, n: int) -> str:
 
 def submit_command(master: str, n: int, job_args: Sequence[str],
                    env_archive: Path | None) -> list[str]:
-    """The README's spark-submit of the drain job: on a standalone cluster (``env_archive``
+    """docs/running.md's spark-submit of the drain job: on a standalone cluster (``env_archive``
     given: client mode, the packed environment for the executors, ``spark.cores.max=n``) or on
     ``local[n]`` (this venv's Python everywhere)."""
     from importlib.util import find_spec

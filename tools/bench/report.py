@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
+import time
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
@@ -110,6 +111,7 @@ def machine() -> dict[str, Any]:
         "cpus": psutil.cpu_count(), "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
         "platform": platform.platform(), "python": platform.python_version(),
         "load_average": [round(x, 2) for x in os.getloadavg()],
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "versions": {"nats-server": server, "nats-py": version("nats-py"),
                      "pyspark": version("pyspark"), "delta-spark": version("delta-spark"),
                      "deltalake": version("deltalake"), "pyarrow": version("pyarrow"),
@@ -184,9 +186,13 @@ def format_results(result: dict[str, Any]) -> str:
                      f"js-etl / simple peer {verdict('js_etl_vs_simple_peer')}")
         c = w.get("cpu_ratios", {})
         if any(v is not None for v in c.values()):
+            peer, target = c.get("js_etl_vs_simple_peer"), w.get("cpu_targets", {}).get(
+                "js_etl_vs_simple_peer")
+            verdict_cpu = ("" if peer is None or target is None else
+                           f" (target >= {target:g}: {'met' if peer >= target else 'NOT met'})")
             lines.append("per CPU-second of our processes: js-etl / client limit "
                          f"{c.get('js_etl_vs_client_limit') or 'n/a'}; js-etl / simple peer "
-                         f"{c.get('js_etl_vs_simple_peer') or 'n/a'}")
+                         f"{peer or 'n/a'}{verdict_cpu}")
             pooled = w.get("cpu_ratios_all_runs", {})
             if any(len(leg.get("runs", [])) > 1 for leg in w["legs"].values()):
                 lines.append("  the same over all runs pooled: js-etl / client limit "

@@ -22,6 +22,7 @@ from tools.bench.settings import (
     LEG_LABELS,
     MEMORY_TARGET,
     PARTITION_BY,
+    PEER_CPU_TARGET,
     PEER_MAX_BYTES,
     PEER_TARGET,
     SCHEMAS,
@@ -445,6 +446,10 @@ class Bench:
         }
         result["targets_met"] = {k: (v is not None and v >= result["targets"][k])
                                  for k, v in result["ratios"].items()}
+        result["cpu_targets"] = {"js_etl_vs_simple_peer": PEER_CPU_TARGET}
+        result["cpu_targets_met"] = {
+            k: (v is not None and v >= target) for k, target in result["cpu_targets"].items()
+            for v in [result["cpu_ratios"][k]]}
         if "nats_py_fetch" in summary:  # what js-etl's pull layer gains over nats-py's own
             result["pull_layer_ratios"] = {
                 "client_limit_vs_nats_py_fetch": ratio(rate.get("client_limit", 0.0),
