@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test test-unit test-cluster lint soak bench bench-cluster clean nats-cli
+.PHONY: setup demo test test-unit test-cluster lint docs soak bench bench-cluster clean nats-cli
 
 # The real NATS CLI for the tests that run every `nats …` command js-etl or the README prints.
 # The test fixture (tests/conftest.py: nats_cli) builds it the same way when it is missing.
@@ -17,7 +17,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev,airflow]'
+	$(BIN)/python -m pip install -q -e '.[dev,airflow,docs]'
 	touch $@
 
 demo: setup
@@ -26,7 +26,7 @@ demo: setup
 # TEST_WORKERS pytest-xdist workers, each its own nats-server and SparkSession; an idle worker
 # takes tests the other has not started (tests/conftest.py puts the longest files first).
 TEST_WORKERS ?= 2
-test: setup lint
+test: setup lint docs
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not bench_cluster"
 
 # Pure-logic tests only (tests/unit: no nats-server, no JVM): seconds, for quick feedback.
@@ -37,6 +37,10 @@ test-unit: setup
 # marker `cluster`); `make test` runs them too, all but the real run of `python -m tools.bench --cluster`.
 test-cluster: setup
 	$(BIN)/python -m pytest -m cluster tests/cluster
+
+# The documentation site (mkdocs.yml) into site/, warnings as errors; part of `make test`.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict --quiet
 
 # Types and lint, both configured in pyproject.toml; part of `make test`.
 lint: setup
@@ -53,12 +57,16 @@ SEEDS ?=
 soak: setup
 	$(BIN)/python tests/support/schedules.py soak --schedules $(SCHEDULES) $(foreach s,$(SEEDS),--seed $(s)) $(if $(S3),--s3)
 
-# Full-size benchmark (a few minutes): js-etl against the bare pull+ack loop and a simple peer.
+# The performance page's benchmark (about 20 minutes here): js-etl against a simple peer on local
+# and S3 tables, flat and rich schemas, 256 B and 4 KiB; its results file docs/performance.json,
+# from which docs/performance.md is generated. `python -m tools.bench` runs other workloads.
 bench: setup
-	$(BIN)/python -m tools.bench
+	$(BIN)/python -m tools.bench --target local,s3 --schema flat,rich --messages 200000,50000 \
+		--size 256,4096 --legs simple_peer,js_etl --repeat 3 --json docs/performance.json
+	$(BIN)/python -m tools.bench.page
 
 # The drain job by spark-submit on a Spark standalone cluster with 1, 2 and 4 one-core executors
-# against local[1], local[2], local[4] on the same 20,000 x 1 KiB messages (README "Benchmarks").
+# against local[1], local[2], local[4] on the same 20,000 x 1 KiB messages (docs/benchmarks.md).
 bench-cluster: setup
 	$(BIN)/python -m tools.bench --cluster 1,2,4
 

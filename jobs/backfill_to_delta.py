@@ -8,7 +8,7 @@ install has too).
 
 The range is checked against the stream before Spark does any work. On a cluster, js_etl and
 its executor dependencies must be importable on the executors: ship a packed environment
-with --archives (README, "Running on a cluster"); --py-files cannot carry pyarrow.
+with --archives (docs/running.md, "Running on a cluster"); --py-files cannot carry pyarrow.
 """
 
 import sys

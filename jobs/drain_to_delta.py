@@ -5,7 +5,7 @@
         --config conf/example.yaml [--set KEY=VALUE ...] [--report-file PATH]
 
 On a cluster, js_etl and its executor dependencies must be importable on the executors:
-ship a packed environment with --archives (README, "Running on a cluster"); --py-files
+ship a packed environment with --archives (docs/running.md, "Running on a cluster"); --py-files
 cannot carry pyarrow.
 """
 

@@ -19,7 +19,7 @@ from typing import Any, Protocol, TextIO
 
 
 class StopReason(StrEnum):
-    """Why a run ended (the report's ``stopped_because``); the README's report table lists
+    """Why a run ended (the report's ``stopped_because``); docs/running.md's report table lists
     each. A drain says ``drained`` only when the consumer has nothing pending and nothing
     ack-pending; every other early end names its cause."""
 

@@ -6,7 +6,7 @@ cluster). It builds this source checkout, so it needs one: js-etl imported from 
 wheel has none (:class:`ShippingError`, exit 2). It needs pip's build isolation: the venv's own
 setuptools is older than the one pyproject.toml requires.
 
-:func:`packed_env` runs the README's commands for the executors' Python ("Running on a
+:func:`packed_env` runs the commands of docs/running.md for the executors' Python ("Running on a
 cluster"): a new venv, the wheel installed ``--no-deps`` plus only what executors import
 (pyarrow, numpy, nats-py, nkeys, PyYAML — pinned to the versions of the driver's venv, so
 both ends pickle and exchange Arrow data with the same libraries), packed with ``venv-pack``.

@@ -286,7 +286,7 @@ def _java_double(x: float) -> str:
     """Java's ``Double.toString`` of ``x`` from Python's shortest digits: plain from 10^-3 to
     10^7, else ``d.dddE<n>``; infinities as JSON strings, as Jackson writes them. Java 17's
     digits are not always the shortest (2.82879384806159008E17, 9.999999999999999E22 for
-    1.0E23, 4.9E-324); those few values differ (README "Writers")."""
+    1.0E23, 4.9E-324); those few values differ (docs/guarantees.md, "Writers")."""
     if math.isinf(x):
         return '"Infinity"' if x > 0 else '"-Infinity"'
     sign, digits, exponent = Decimal(repr(x)).as_tuple()

@@ -148,7 +148,7 @@ class ReadPlan:
 
 
 class NatsJetStreamSource(DataSource):
-    """``spark.read.format("nats_jetstream")``; see the module docstring and the README."""
+    """``spark.read.format("nats_jetstream")``; see the module docstring and docs/pyspark.md."""
 
     @classmethod
     def name(cls) -> str:

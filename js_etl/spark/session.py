@@ -142,7 +142,7 @@ def job_session(spark_config: SparkConfig, *, spark_submit: bool, columnar: bool
     for key, value in spark_config.conf.items():
         builder = builder.config(key, value)
     # Under spark-submit the JVM is already running: Delta's jars must come with --jars
-    # (see README); configure_delta only adds the extension and catalog settings then.
+    # (docs/running.md); configure_delta only adds the extension and catalog settings then.
     spark = configure_delta(builder, jars=[]).getOrCreate()
     _require_delta(spark)
     return spark
@@ -157,7 +157,7 @@ def _require_delta(spark: SparkSession) -> None:
                                                  .getContextClassLoader())
     except Py4JError:
         raise TerminalError("Delta classes are not on the driver's classpath: pass Delta's jars "
-                            "to spark-submit, e.g. --jars $(js-etl jars) — see README "
+                            "to spark-submit, e.g. --jars $(js-etl jars) — see docs/running.md "
                             "'Running a drain'") from None
 
 

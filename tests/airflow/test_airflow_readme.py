@@ -1,5 +1,5 @@
-"""The README's "Trying it locally" walkthrough: its Python snippets, run as written (bash
-heredocs, `$P` = the port of a real nats-server that is not on 4222)."""
+"""The "Trying it locally" walkthrough of docs/airflow.md: its Python snippets, run as written
+(bash heredocs, `$P` = the port of a real nats-server that is not on 4222)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from js_etl.jetstream import ConnectionOptions, JetStreamSession
 
 
 def _walkthrough_snippets() -> list[str]:
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("### Trying it locally", 1)[1].split("\n## ", 1)[0]
+    page = (REPO / "docs" / "airflow.md").read_text()
+    section = page.split("\n## Trying it locally", 1)[1].split("\n## ", 1)[0]
     assert "/tmp/js-etl-airflow/" not in section.replace("W=/tmp/js-etl-airflow ", "")
     return re.findall(r"python - <<'PY'[^\n]*\n(.*?)\nPY\n", section, flags=re.S)
 
@@ -38,3 +38,21 @@ def test_walkthrough_publish_snippets_work_on_another_port(tmp_path):
             assert js.stream_info("DEMO").state.messages == 6000
     finally:
         server.stop()
+
+
+def test_the_readmes_dag_parses_into_one_drain_task():
+    """The README's Airflow example, as written, in a DAG file the way the scheduler parses it."""
+    from airflow_support import DAGS_FOLDER, load_dag
+
+    from js_etl.airflow import JetStreamToDeltaOperator
+
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("\n## Airflow\n", 1)[1].split("\n## ", 1)[0]
+    (dag_source,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    path = DAGS_FOLDER / "readme_orders_to_delta.py"
+    path.write_text(dag_source)
+    dag = load_dag(path)
+    (task,) = dag.tasks
+    assert dag.dag_id == "orders_to_delta" and isinstance(task, JetStreamToDeltaOperator)
+    assert (task.config_path, task.overrides, task.retries) == (
+        "/opt/etl/conf/orders.yaml", {"run.max_seconds": "45m"}, 3)

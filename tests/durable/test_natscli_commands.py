@@ -31,7 +31,14 @@ from js_etl.jetstream.errors import (
 )
 from js_etl.jetstream.kv import KeyValue
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+REPO = Path(__file__).resolve().parents[2]
+# What users read: the README and the docs site's pages (not the design records).
+USER_DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def user_docs_text() -> str:
+    return "\n".join(page.read_text() for page in USER_DOCS)
+
 MIN_ACK_WAIT = 15.0  # what a drain with fetch.pull_timeout 5s needs
 PRINTED = re.compile(r"`(nats [^`]+)`")
 
@@ -204,20 +211,21 @@ def test_backfill_and_rewind_printed_commands_run(js, server, nats_cli, tmp_path
     assert js.consumer_info("BACK", "etl").num_pending == 4
 
 
-# --- commands in the README -----------------------------------------------------------------------
+# --- commands in the README and the docs -------------------------------------------------
 def readme_commands() -> list[str]:
-    """Complete ``nats`` commands in the README: inline code and ``sh`` blocks (run whole)."""
-    text = README.read_text()
+    """Complete ``nats`` commands in the README and the docs pages: inline code and ``sh`` blocks
+    (run whole)."""
+    text = user_docs_text()
     commands = [c for c in PRINTED.findall(text) if "…" not in c]
     for block in re.findall(r"```sh\n(.*?)```", text, re.DOTALL):
         if re.search(r"^nats ", block, re.MULTILINE):
             commands.append(block.strip())
-    return commands
+    return list(dict.fromkeys(commands))  # each once, wherever it is shown
 
 
 def readme_elided_commands() -> list[str]:
     """``nats`` commands the README shows with parts elided (``…``): their flags must exist."""
-    return [c for c in PRINTED.findall(README.read_text()) if "…" in c]
+    return list(dict.fromkeys(c for c in PRINTED.findall(user_docs_text()) if "…" in c))
 
 
 def test_printed_fix_for_a_server_side_max_deliver_runs(js, server, nats_cli, tmp_path):

@@ -1,0 +1,104 @@
+"""The README's "Drain your own stream", "Backfills" and "From PySpark" examples, run as written
+against a real nats-server of this module's own (the README's names, ORDERS …, are fixed): the
+`nats consumer add` line with the real NATS CLI, the config file as shown, `js-etl drain` and
+`js-etl backfill` as commands, the PySpark snippet in a session. Only what the README itself says
+may be changed is: the server's address (`JS_ETL__NATS__SERVERS`) and the table paths
+(`JS_ETL__TARGET__PATH`, `--set target.path=`), which point into the test's directory."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from js_etl.demo.publish import publish
+from js_etl.demo.server import LocalNatsServer
+from js_etl.jetstream import ConnectionOptions, JetStreamSession
+
+REPO = Path(__file__).resolve().parents[1]
+README = (REPO / "README.md").read_text()
+MESSAGES = 120
+
+
+def section(title: str) -> str:
+    return README.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def blocks(text: str, language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", text, re.DOTALL)
+
+
+@pytest.fixture(scope="module")
+def orders(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalNatsServer]:
+    """A server with the stream ORDERS holding MESSAGES orders, one of them not JSON."""
+    server = LocalNatsServer(tmp_path_factory.mktemp("readme-nats"))
+    server.start()
+    try:
+        with JetStreamSession(ConnectionOptions(servers=(server.url,))) as js:
+            js.run(js.admin.add_stream("ORDERS", ["orders.>"]))
+            js.run(publish(js.conn, [
+                *((f"orders.{i % 3}", b'{"id":%d,"kind":"k%d","amount":%d.5}' % (i, i % 3, i))
+                  for i in range(1, MESSAGES)), ("orders.x", b"not json")]))
+            assert js.stream_info("ORDERS").state.messages == MESSAGES
+        yield server
+    finally:
+        server.stop()
+
+
+def run(command: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    words = shlex.split(command.replace("\\\n", " "))
+    assert words[0] == "js-etl", command
+    return subprocess.run([str(Path(sys.executable).with_name("js-etl")), *words[1:]], cwd=cwd,
+                          env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=600, check=False)
+
+
+def test_drain_your_own_stream_as_the_readme_shows(orders, nats_cli, tmp_path):
+    from deltalake import DeltaTable
+
+    own = section("Drain your own stream")
+    (add,) = blocks(own, "sh")
+    (yaml,) = blocks(own, "yaml")
+    (drain,) = blocks(own, "bash")
+    made = subprocess.run(["bash", "-euo", "pipefail", "-c", add], cwd=tmp_path,
+                          env={**os.environ, "NATS_URL": orders.url, "HOME": str(tmp_path),
+                               "PATH": f"{Path(nats_cli).parent}{os.pathsep}{os.environ['PATH']}"},
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert made.returncode == 0, made.stderr
+    (tmp_path / "orders.yaml").write_text(yaml)
+    table = tmp_path / "lake" / "orders"
+    env = {"JS_ETL__NATS__SERVERS": orders.url, "JS_ETL__TARGET__PATH": str(table)}
+
+    result = run(drain.strip(), tmp_path, env)
+
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = result.stdout.strip().splitlines()[-1]
+    assert '"messages_written":119' in report and '"dead_letters":1' in report, report
+    rows = DeltaTable(str(table)).to_pyarrow_table().to_pylist()
+    assert sorted(r["id"] for r in rows) == list(range(1, MESSAGES))
+    assert {"subject", "stream", "seq", "published_at", "headers", "kind", "amount",
+            "date"} <= set(rows[0])
+    (dead,) = DeltaTable(f"{table}_dead_letters").to_pyarrow_table().to_pylist()
+    assert dead["data"] == b"not json" and dead["error"]
+
+    # Backfills: the command as shown, its table in the test's directory.
+    (backfill,) = blocks(section("Backfills"), "bash")
+    backfill = backfill.strip().replace("/data/lake/", f"{tmp_path}/lake/")
+    result = run(backfill, tmp_path, {"JS_ETL__NATS__SERVERS": orders.url,
+                                      "JS_ETL__TARGET__PATH": str(table)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    again = DeltaTable(str(tmp_path / "lake" / "orders_backfill")).to_pyarrow_table()
+    assert sorted(again.column("seq").to_pylist()) == list(range(1, 101))
+
+
+def test_the_pyspark_example_runs_in_a_session(orders, spark, capsys):
+    (snippet,) = blocks(section("From PySpark"), "python")
+    exec(snippet.replace("nats://127.0.0.1:4222", orders.url), {"spark": spark})
+    shown = capsys.readouterr().out
+    assert re.search(r"\|\s*k0\|\s*39\|", shown) and re.search(r"\|\s*k1\|\s*40\|", shown), shown
