@@ -194,7 +194,7 @@ def test_version_and_plain_help():
     ("wrong port", "nats.servers=nats://127.0.0.1:{free_port}", 75,
      "js-etl: NatsUnavailableError: cannot connect to NATS at nats://127.0.0.1:"),
     ("missing stream", "source.stream=NO_SUCH_STREAM", 2,
-     "js-etl: StreamNotFoundError: stream not found: 'NO_SUCH_STREAM'"),
+     "js-etl: StreamNotFoundError: stream 'NO_SUCH_STREAM' not found: check source.stream"),
     ("DDL typo", "decode.schema=id BIGINTT, kind STRING", 2,
      "js-etl: ConfigError: decode.schema is not a valid Spark DDL schema: unknown type "
      "'BIGINTT' in field 'id'"),

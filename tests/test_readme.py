@@ -1,4 +1,5 @@
-"""The README's "Drain your own stream", "Backfills" and "From PySpark" examples, run as written
+"""The README's "Drain your own stream", "Backfills" and "From PySpark" examples, and the first
+example of docs/pyspark.md, run as written
 against a real nats-server of this module's own (the README's names, ORDERS …, are fixed): the
 `nats consumer add` line with the real NATS CLI, the config file as shown, `js-etl drain` and
 `js-etl backfill` as commands, the PySpark snippet in a session. Only what the README itself says
@@ -24,6 +25,7 @@ from js_etl.jetstream import ConnectionOptions, JetStreamSession
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
 MESSAGES = 120
+KINDS = (b"book", b"food", b"toys")
 
 
 def section(title: str) -> str:
@@ -43,8 +45,9 @@ def orders(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalNatsServer
         with JetStreamSession(ConnectionOptions(servers=(server.url,))) as js:
             js.run(js.admin.add_stream("ORDERS", ["orders.>"]))
             js.run(publish(js.conn, [
-                *((f"orders.{i % 3}", b'{"id":%d,"kind":"k%d","amount":%d.5}' % (i, i % 3, i))
-                  for i in range(1, MESSAGES)), ("orders.x", b"not json")]))
+                *((f"orders.{i % 3}", b'{"id":%d,"kind":"%s","amount":%d.5}' % (
+                    i, KINDS[i % 3], i)) for i in range(1, MESSAGES)),
+                ("orders.x", b"not json")]))
             assert js.stream_info("ORDERS").state.messages == MESSAGES
         yield server
     finally:
@@ -101,4 +104,18 @@ def test_the_pyspark_example_runs_in_a_session(orders, spark, capsys):
     (snippet,) = blocks(section("From PySpark"), "python")
     exec(snippet.replace("nats://127.0.0.1:4222", orders.url), {"spark": spark})
     shown = capsys.readouterr().out
-    assert re.search(r"\|\s*k0\|\s*39\|", shown) and re.search(r"\|\s*k1\|\s*40\|", shown), shown
+    assert re.search(r"\|\s*book\|\s*39\|", shown), shown
+    assert re.search(r"\|\s*food\|\s*40\|", shown), shown
+
+
+def test_the_pyspark_pages_example_runs_in_a_session_with_delta(orders, spark, capsys, tmp_path):
+    """docs/pyspark.md's first example: the last hour's orders joined with labels, written to
+    Delta, and the dead letters shown; `spark` is the suite's session, which has Delta."""
+    page = (REPO / "docs" / "pyspark.md").read_text()
+    snippet = blocks(page, "python")[0]
+    exec(snippet.replace("nats://127.0.0.1:4222", orders.url)
+         .replace("/tmp/orders_by_kind", str(tmp_path / "orders_by_kind")), {"spark": spark})
+    written = {r.label: r.orders for r in spark.read.format("delta").load(
+        str(tmp_path / "orders_by_kind")).collect()}
+    assert written == {"Books": 39, "Groceries": 40}
+    assert "payload is not JSON" in capsys.readouterr().out
