@@ -20,7 +20,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from js_etl.delta.rules import local_directory, object_store_url
@@ -77,6 +77,28 @@ def _reaching(root: str) -> Iterator[None]:
         raise
 
 
+# One client per root and options for the whole process, not one per TableFiles: building a
+# client costs milliseconds of CPU (its TLS roots, its credential chain), and a run makes dozens
+# of TableFiles for the same two tables (docs/design/object-storage.md). A client holds no table
+# state, so sharing it changes nothing a read sees; new options (a rotated token) make a new one.
+@lru_cache(maxsize=32)
+def _object_store(root: str, options: tuple[tuple[str, str], ...]) -> Any:
+    from obstore.store import from_url
+
+    settings = dict(options)
+    allow_http = settings.pop("AWS_ALLOW_HTTP", "").lower() in ("1", "true", "yes")
+    config: Any = {k.lower(): v for k, v in settings.items()}  # its keys, lower-cased
+    return from_url(root, config=config, client_options={"allow_http": allow_http})
+
+
+@lru_cache(maxsize=32)
+def _arrow_file_system(root: str, options: tuple[tuple[str, str], ...]) -> pyarrow.fs.FileSystem:
+    from deltalake.fs import DeltaStorageHandler
+    from pyarrow.fs import PyFileSystem
+
+    return PyFileSystem(DeltaStorageHandler(root, dict(options)))
+
+
 @dataclass(frozen=True)
 class TableFiles:
     """Files under a table's root (:func:`table_root`), by paths relative to it; an object store
@@ -97,13 +119,10 @@ class TableFiles:
 
     # -- Parquet streams (pyarrow) ------------------------------------------------------------
 
-    @cached_property
+    @property
     def _arrow(self) -> pyarrow.fs.FileSystem:
         """A pyarrow file system rooted at the table: deltalake's object-store client."""
-        from deltalake.fs import DeltaStorageHandler
-        from pyarrow.fs import PyFileSystem
-
-        return PyFileSystem(DeltaStorageHandler(self.root, self._options()))
+        return _arrow_file_system(self.root, tuple(sorted(self._options().items())))
 
     def open_output(self, path: str) -> Any:
         """A new file at ``path``, as a pyarrow output stream (local: parents created)."""
@@ -130,14 +149,9 @@ class TableFiles:
 
     # -- small objects (the log, the lock) ----------------------------------------------------
 
-    @cached_property
+    @property
     def _store(self) -> Any:
-        from obstore.store import from_url
-
-        options = self._options()
-        allow_http = options.pop("AWS_ALLOW_HTTP", "").lower() in ("1", "true", "yes")
-        config: Any = {k.lower(): v for k, v in options.items()}  # its keys, lower-cased
-        return from_url(self.root, config=config, client_options={"allow_http": allow_http})
+        return _object_store(self.root, tuple(sorted(self._options().items())))
 
     def names(self, directory: str) -> list[str]:
         """Names directly in ``directory`` ([] where there are none)."""
