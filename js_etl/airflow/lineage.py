@@ -17,8 +17,11 @@ NATS stream (input)        ``nats://<first server host:port>``     the stream
 catalog table              ``spark_catalog``                       ``<db>.<table>``
 =========================  ======================================  ==========================
 
-The input carries a ``natsJetStreamConsumer`` facet (consumer and subject filters); the table
-output carries ``outputStatistics`` (rows = messages written) once the run has ended.
+The input carries a ``natsJetStreamConsumer`` facet (consumer and subject filters). The outputs
+are the table and the dead-letter table, each with a ``schema`` facet (its columns: the
+origin's, the payload's fields as ``decode.schema`` gives them, ``data`` where a row keeps the
+payload, then computed partition columns) and, once the run has ended, ``outputStatistics``
+(rows = messages written / dead letters). The backlog sensor's lineage is the stream as input.
 """
 
 from __future__ import annotations
@@ -30,10 +33,16 @@ from urllib.parse import urlsplit
 import attr
 from airflow.providers.openlineage.extractors import OperatorLineage
 from openlineage.client.event_v2 import InputDataset, OutputDataset
-from openlineage.client.facet_v2 import DatasetFacet, output_statistics_output_dataset
+from openlineage.client.facet_v2 import (
+    DatasetFacet,
+    output_statistics_output_dataset,
+    schema_dataset,
+)
 from openlineage.client.naming import dataset as naming
 
-from js_etl.config import JobConfig
+from js_etl.config import JobConfig, partition_column_name
+from js_etl.config.ddl import field_types
+from js_etl.schema import DEAD_LETTER, ORIGIN
 
 CATALOG_NAMESPACE = "spark_catalog"
 CONSUMER_FACET = "natsJetStreamConsumer"
@@ -90,19 +99,66 @@ def table_naming(path: str | None, table: str | None) -> tuple[str, str]:
     return named.get_namespace(), named.get_name()
 
 
+def stream_dataset(servers: Sequence[str], stream: str, consumer: str,
+                   filter_subjects: Sequence[str] = ()) -> InputDataset:
+    """The stream a job or a sensor reads, with the consumer it reads through."""
+    return InputDataset(
+        namespace=stream_namespace(servers), name=stream,
+        facets={CONSUMER_FACET: NatsJetStreamConsumerDatasetFacet(
+            consumer=consumer, filterSubjects=list(filter_subjects))})
+
+
+def table_columns(config: JobConfig) -> list[tuple[str, str | None]]:
+    """The columns of the job's table, as (name, Spark type in lower case; None where Spark
+    decides it: a computed partition column other than ``to_date``). Nested types are given
+    without their field names, as :func:`js_etl.config.ddl.field_types` reads them."""
+    decode = config.decode
+    payload: list[tuple[str, str | None]] = (
+        [("text", "string")] if decode.format == "text"
+        else list((field_types(decode.schema or "") or {}).items()) if decode.format == "json"
+        else [])
+    keeps_payload = decode.format == "raw" or (decode.format == "json" and decode.keep_raw)
+    columns = [(name, kind.lower()) for name, kind in ORIGIN] + payload
+    columns += [("data", "binary")] * keeps_payload
+    for expression in config.target.partition_by:
+        name, plain = partition_column_name(expression)
+        if name and not plain:
+            is_date = expression.strip().lower().startswith("to_date(")
+            columns.append((name, "date" if is_date else None))
+    return columns
+
+
+def _output(location: tuple[str | None, str | None], columns: Sequence[tuple[str, str | None]],
+            rows: int | None) -> OutputDataset:
+    namespace, name = table_naming(*location)
+    schema = schema_dataset.SchemaDatasetFacet(fields=[
+        schema_dataset.SchemaDatasetFacetFields(name=column, type=kind)
+        for column, kind in columns])
+    output_facets: dict[str, Any] = {}
+    if rows is not None:
+        output_facets["outputStatistics"] = (
+            output_statistics_output_dataset.OutputStatisticsOutputDatasetFacet(rowCount=rows))
+    return OutputDataset(namespace=namespace, name=name, facets={"schema": schema},
+                         outputFacets=output_facets)
+
+
 def operator_lineage(config: JobConfig, servers: Sequence[str],
                      report: Mapping[str, Any] | None = None) -> OperatorLineage:
     """Inputs and outputs of one run of the job (``report``: its run report, once it ended)."""
-    source = config.source
-    stream = InputDataset(
-        namespace=stream_namespace(servers), name=source.stream,
-        facets={CONSUMER_FACET: NatsJetStreamConsumerDatasetFacet(
-            consumer=source.consumer, filterSubjects=list(source.filter_subjects))})
-    namespace, name = table_naming(config.target.path, config.target.table)
-    output_facets: dict[str, Any] = {}
-    if report is not None and "messages_written" in report:
-        output_facets["outputStatistics"] = (
-            output_statistics_output_dataset.OutputStatisticsOutputDatasetFacet(
-                rowCount=int(report["messages_written"])))
-    table = OutputDataset(namespace=namespace, name=name, outputFacets=output_facets)
-    return OperatorLineage(inputs=[stream], outputs=[table])
+    source, target = config.source, config.target
+    stream = stream_dataset(servers, source.stream, source.consumer, source.filter_subjects)
+    ended = report is not None and "messages_written" in report
+
+    def rows(key: str) -> int | None:
+        return int(report[key]) if ended and report is not None else None
+
+    table = _output((target.path, target.table), table_columns(config), rows("messages_written"))
+    dead_letters = _output((target.resolved_dead_letter_path, target.resolved_dead_letter_table),
+                           [(name, kind.lower()) for name, kind in DEAD_LETTER],
+                           rows("dead_letters"))
+    return OperatorLineage(inputs=[stream], outputs=[table, dead_letters])
+
+
+def sensor_lineage(servers: Sequence[str], stream: str, consumer: str) -> OperatorLineage:
+    """The backlog sensor reads the stream's consumer state: the stream is its input."""
+    return OperatorLineage(inputs=[stream_dataset(servers, stream, consumer)])

@@ -158,6 +158,7 @@ class JetStreamBacklogSensor(BaseSensorOperator):
 
     def execute_complete(self, context: Context, event: Mapping[str, Any]) -> int:
         # A new instance of the task, which has not read a config: the names are the event's.
+        self.stream, self.consumer = event.get("stream"), event.get("consumer")
         if event.get("status") == SUCCESS:
             self.log.info("%s/%s: %d pending", event["stream"], event["consumer"],
                           event["num_pending"])
@@ -165,3 +166,17 @@ class JetStreamBacklogSensor(BaseSensorOperator):
         if event.get("status") == ERROR:
             raise _fail(event)
         raise AirflowException(f"unexpected event from JetStreamBacklogTrigger: {event!r}")
+
+    # -- OpenLineage (called by the OpenLineage provider's listener when it is installed) -------
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """The stream the sensor watched, as its input; nothing where it failed before it knew
+        which (a config that could not be read, a connection that is not there)."""
+        if self.stream is None or self.consumer is None:
+            return None
+        try:
+            servers = JetStreamHook(self.nats_conn_id).connection_options().servers
+        except JsEtlError:
+            return None
+        from js_etl.airflow.lineage import sensor_lineage
+
+        return sensor_lineage(servers, self.stream, self.consumer)

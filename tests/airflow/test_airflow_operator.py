@@ -244,9 +244,20 @@ def test_dag_drains_a_real_stream_into_delta_and_returns_the_report(tjs, names, 
     assert (source["namespace"], source["name"]) == (f"nats://127.0.0.1:{port}", names.stream)
     facet = source["facets"]["natsJetStreamConsumer"]
     assert (facet["consumer"], facet["filterSubjects"]) == (names.consumer, [])
-    (target,) = complete["outputs"]
+    target, dead_letters = complete["outputs"]
     assert (target["namespace"], target["name"]) == ("file", str(table))
     assert target["outputFacets"]["outputStatistics"]["rowCount"] == 250
+    # The table's columns, as the drain wrote them (read back with deltalake).
+    from deltalake import DeltaTable
+
+    written = [f.name for f in DeltaTable(str(table)).schema().fields]
+    assert [f["name"] for f in target["facets"]["schema"]["fields"]] == written
+    assert (dead_letters["namespace"], dead_letters["name"]) == ("file", f"{table}_dead_letters")
+    assert dead_letters["outputFacets"]["outputStatistics"]["rowCount"] == report[
+        "dead_letters"]
+    assert [f["name"] for f in dead_letters["facets"]["schema"]["fields"]] == [
+        "seq", "stream", "subject", "consumer_seq", "num_delivered", "published_at", "headers",
+        "data", "error"]
     assert (start["inputs"], start["outputs"]) == ([], [])
     assert TOKEN not in json.dumps([start, complete])
 
@@ -282,7 +293,7 @@ def test_failed_job_fails_the_task_with_the_jobs_own_reason(names, tmp_path, tok
     # The lineage of a failure is that of the config the run loaded, if it got that far.
     (unreachable,) = lineage_events(f"{dag_id}.unreachable", "FAIL")
     assert [d["name"] for d in unreachable["inputs"] + unreachable["outputs"]] == [
-        names.stream, str(tmp_path / "table")]
+        names.stream, str(tmp_path / "table"), f"{tmp_path / 'table'}_dead_letters"]
     (bad_config,) = lineage_events(f"{dag_id}.bad_config", "FAIL")
     assert (bad_config["inputs"], bad_config["outputs"]) == ([], [])
 

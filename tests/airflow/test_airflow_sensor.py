@@ -6,7 +6,15 @@ import threading
 import time
 
 import pytest
-from airflow_support import TOKEN, failures, load_dag, task_states, write_dag, xcom
+from airflow_support import (
+    TOKEN,
+    failures,
+    lineage_events,
+    load_dag,
+    task_states,
+    write_dag,
+    xcom,
+)
 
 from js_etl.demo.publish import publish, wait_for_messages
 from js_etl.jetstream import AckPolicy, ConsumerConfig
@@ -90,6 +98,11 @@ def test_sensor_defers_and_completes_when_messages_arrive(tjs, names, tmp_path, 
     assert new[0][2] == {"nats_conn_id": "nats_test", "stream": names.stream,
                          "consumer": names.consumer, "min_pending": 3, "poll_interval": 0.2}
     assert TOKEN not in repr(new[0][2])  # what the metadata DB holds for the triggerer
+    # Its lineage: the stream it watched (named by the trigger's event after the deferral).
+    (complete,) = lineage_events(f"{dag_id}.wait", "COMPLETE")
+    (watched,) = complete["inputs"]
+    assert watched["name"] == names.stream
+    assert watched["facets"]["natsJetStreamConsumer"]["consumer"] == names.consumer
 
 
 def test_sensor_fails_with_the_reason_when_the_stream_or_consumer_is_missing(tjs, names,
