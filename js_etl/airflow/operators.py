@@ -322,7 +322,9 @@ class JetStreamToDeltaOperator(BaseOperator):
             try:
                 hook.submit(application)
             except AirflowException as e:
-                raise self._failure(hook, e) from e
+                # The provider's error repeats the command and the output already logged
+                # above: the task's failure is the job's one line (or names that output).
+                raise self._failure(hook, e) from None
             report = _read_report(report_file, hook.report_line)
         finally:
             self._hook = None

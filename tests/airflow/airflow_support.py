@@ -49,7 +49,10 @@ def write_dag(dag_id: str, body: str) -> Path:
             with FAILURES.open("a") as f:
                 f.write(json.dumps({{"task_id": context["ti"].task_id,
                                     "type": type(error).__name__,
-                                    "message": str(error)}}) + "\\n")
+                                    "message": str(error),
+                                    "chained": error.__cause__ is not None
+                                    or (error.__context__ is not None
+                                        and not error.__suppress_context__)}}) + "\\n")
         ''')
     path.write_text(header + textwrap.dedent(body))
     return path

@@ -265,7 +265,7 @@ def test_dag_drains_a_real_stream_into_delta_and_returns_the_report(tjs, names, 
     assert reads.read_text().splitlines() == [str(config)]
 
 
-def test_failed_job_fails_the_task_with_the_jobs_own_reason(names, tmp_path, token_server):
+def test_failed_job_fails_the_task_with_the_jobs_own_reason(names, tmp_path, tjs):
     config = write_config(tmp_path, names, tmp_path / "table")
     dag_id = f"drain_fails_{names.stream}"
     dag = load_dag(write_dag(dag_id, f"""
@@ -276,10 +276,17 @@ def test_failed_job_fails_the_task_with_the_jobs_own_reason(names, tmp_path, tok
             JetStreamToDeltaOperator(task_id="bad_config", config_path={str(config)!r},
                                      overrides=["{{{{ 'fetch.batch=-3' }}}}"],
                                      nats_conn_id="nats_test", outlets=[])
+            # A schema only Spark can judge (COLLATE): the job fails after spark-submit started.
+            JetStreamToDeltaOperator(task_id="spark_refuses", config_path={str(config)!r},
+                                     overrides={{"decode.format": "json",
+                                                "decode.schema": "s STRING COLLATE NO_SUCH"}},
+                                     nats_conn_id="nats_test", outlets=[])
         """))
+    tjs.run(tjs.admin.add_stream(names.stream, [names.subject]))
     dag_run = dag.test()
 
-    assert task_states(dag_run) == {"unreachable": "failed", "bad_config": "failed"}
+    assert task_states(dag_run) == {"unreachable": "failed", "bad_config": "failed",
+                                    "spark_refuses": "failed"}
     failed = failures(dag_id)
     # The check before spark-submit could not reach NATS, and said so as the job would have:
     # transient, so the task fails with a plain AirflowException that Airflow's retries apply to.
@@ -289,6 +296,12 @@ def test_failed_job_fails_the_task_with_the_jobs_own_reason(names, tmp_path, tok
     # A config error is terminal and found before Spark starts: no retries.
     assert failed["bad_config"]["type"] == "AirflowFailException"
     assert "fetch.batch: expected a positive integer, got -3" in failed["bad_config"]["message"]
+    # After spark-submit: the job's own line, once; not the provider's error, which repeats the
+    # command and its output (already in the task log), chained beneath it.
+    refused = failed["spark_refuses"]
+    assert refused["message"].startswith("js-etl: ") and "NO_SUCH" in refused["message"]
+    assert "Cannot execute" not in refused["message"] and not refused["chained"]
+    assert not failed["unreachable"]["chained"]
     assert xcom(dag_run, "unreachable") is None
     # The lineage of a failure is that of the config the run loaded, if it got that far.
     (unreachable,) = lineage_events(f"{dag_id}.unreachable", "FAIL")
