@@ -152,15 +152,12 @@ def _traceback_if(verbose: bool) -> None:
 
 
 def _drain(config: JobConfig, report_file: str | None, spark_submit: bool) -> int:
-    from js_etl.drain.preflight import check_drainable, check_target_paths
+    from js_etl.drain.preflight import check_drain
     from js_etl.drain.run import run_drain
     from js_etl.drain.writers.columnar_plan import expects_columnar
     from js_etl.spark.session import job_session
 
-    check_target_paths(config)
-    options = config.nats.connection_options()  # secrets resolved before Spark starts
-    options.check_files()  # and credential/TLS files readable: exit 2 now, not after Spark
-    check_drainable(config, options)
+    options, _ = check_drain(config)
     spark = job_session(config.spark, spark_submit=spark_submit,
                         columnar=expects_columnar(config))
     # SIGTERM (Airflow stopping a task, a scheduler's timeout) and SIGINT (Ctrl-C) end the run

@@ -39,12 +39,7 @@ from js_etl.airflow.assets import target_asset, task_alias
 from js_etl.airflow.hooks import JetStreamHook
 from js_etl.airflow.job_config import load_job_config, override_list
 from js_etl.config import JobConfig
-from js_etl.drain.preflight import (
-    check_drainable,
-    check_target_paths,
-    nothing_to_drain,
-    skipped_report,
-)
+from js_etl.drain.preflight import check_drain, nothing_to_drain, skipped_report
 from js_etl.errors import JsEtlError, TerminalError
 from js_etl.report import summary_table
 
@@ -341,10 +336,7 @@ class JetStreamToDeltaOperator(BaseOperator):
         one without retries), only sooner; True when the consumer has nothing to drain and
         ``skip_when_empty``."""
         try:
-            check_target_paths(config)
-            options = config.nats.connection_options(environ)
-            options.check_files()
-            info = check_drainable(config, options)
+            _, info = check_drain(config, environ)
         except JsEtlError as e:
             reason = f"js-etl: {type(e).__name__}: {e}"
             if isinstance(e, TerminalError):

@@ -8,6 +8,7 @@ Airflow operator before spark-submit."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from js_etl.config import JobConfig
@@ -29,6 +30,17 @@ def check_target_paths(config: JobConfig) -> None:
         problem = local_path_problem(path) if path else None
         if problem:
             raise ConfigError(f"{key} {path}: {problem}; point it at a writable directory")
+
+
+def check_drain(config: JobConfig, environ: Mapping[str, str] | None = None
+                ) -> tuple[ConnectionOptions, ConsumerInfo | None]:
+    """Every check of the module docstring, with the secrets of ``environ`` (default: this
+    process's): the connection's options, resolved before Spark starts, and the consumer's info
+    (:func:`check_drainable`)."""
+    check_target_paths(config)
+    options = config.nats.connection_options(environ)
+    options.check_files()  # credential and TLS files readable: exit 2 now, not after Spark
+    return options, check_drainable(config, options)
 
 
 def check_drainable(config: JobConfig, options: ConnectionOptions) -> ConsumerInfo | None:
