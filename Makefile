@@ -4,6 +4,9 @@ PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# Delta's jars from the folder `make setup` resolves, for the demo, the tests and the bench: they
+# run offline (an installed js-etl lets Spark fetch Delta with --packages instead).
+export JS_ETL_JARS_DIR ?= $(CURDIR)/.jars/delta
 
 .PHONY: setup demo test test-unit test-cluster lint docs soak bench bench-cluster clean nats-cli
 
@@ -12,7 +15,7 @@ STAMP  := $(VENV)/.installed
 NATS_CLI_VERSION := v0.5.1
 
 setup: $(STAMP)
-	$(BIN)/python -m js_etl.spark.jars >/dev/null
+	$(BIN)/python -m js_etl.spark.jars "$(JS_ETL_JARS_DIR)" >/dev/null
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

@@ -6,7 +6,7 @@
                   [--set KEY=VALUE ...] [--report-file PATH]
     js-etl rewind --config FILE --to-seq N [--yes]
     js-etl demo   [--messages N] [--keep]
-    js-etl jars                  (Delta's jars, comma-separated, for spark-submit --jars)
+    js-etl spark-args [--s3]     (Delta for spark-submit: spark-submit $(js-etl spark-args) ...)
 
 ``js_etl/jobs/drain.py`` runs the same ``drain`` under ``spark-submit``. Exit codes: 0 success,
 2 a terminal error (fix something first), 73 refused (another run holds the consumer), 75 a
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -90,7 +91,10 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--config")  # default: the demo config shipped in the package
     demo.add_argument("--messages", type=int, default=5000)
     demo.add_argument("--keep", action="store_true", help="keep .demo/ from earlier demo runs")
-    commands.add_parser("jars", help="print Delta's jars for spark-submit --jars")
+    spark_args = commands.add_parser(
+        "spark-args", help="print spark-submit's options for Delta (--packages, or --jars of "
+                           "JS_ETL_JARS_DIR)")
+    spark_args.add_argument("--s3", action="store_true", help="with S3A, for s3:// tables")
     return parser
 
 
@@ -121,10 +125,10 @@ def main(argv: Sequence[str] | None = None, *, spark_submit: bool = False) -> in
             return _backfill(args, spark_submit)
         if args.command == "rewind":
             return _rewind(load_config(args.config, args.overrides), args.to_seq, args.yes)
-        if args.command == "jars":
-            from js_etl.spark.jars import delta_jars
+        if args.command == "spark-args":
+            from js_etl.spark.jars import delta_artifacts
 
-            print(",".join(delta_jars()))
+            print(shlex.join(delta_artifacts(object_store=args.s3).submit_args()))
             return 0
         from js_etl.demo import demo_config, run_demo
 
@@ -152,6 +156,7 @@ def _traceback_if(verbose: bool) -> None:
 
 
 def _drain(config: JobConfig, report_file: str | None, spark_submit: bool) -> int:
+    from js_etl.delta.rules import on_object_store
     from js_etl.drain.preflight import check_drain
     from js_etl.drain.run import run_drain
     from js_etl.drain.writers.columnar_plan import expects_columnar
@@ -159,7 +164,8 @@ def _drain(config: JobConfig, report_file: str | None, spark_submit: bool) -> in
 
     options, _ = check_drain(config)
     spark = job_session(config.spark, spark_submit=spark_submit,
-                        columnar=expects_columnar(config))
+                        columnar=expects_columnar(config),
+                        object_store=on_object_store(config.target))
     # SIGTERM (Airflow stopping a task, a scheduler's timeout) and SIGINT (Ctrl-C) end the run
     # at the next round boundary: the round in progress is committed and acked, the rest
     # released, the lease freed. A second Ctrl-C stops at once (the next run's fence then
@@ -209,6 +215,7 @@ def _sequence(text: str) -> int:
 
 def _backfill(args: argparse.Namespace, spark_submit: bool) -> int:
     from js_etl.backfill.run import Backfill, RangeRequest
+    from js_etl.delta.rules import on_object_store
     from js_etl.delta.table import DeltaTarget, job_tables
     from js_etl.drain.preflight import check_target_paths
     from js_etl.spark.session import job_session
@@ -229,7 +236,8 @@ def _backfill(args: argparse.Namespace, spark_submit: bool) -> int:
     options.check_files()
     job = Backfill(config, request, options=options, drain_target=drain_target)
     job.plan()  # NATS only: a range that cannot be backfilled fails here, before Spark starts
-    spark = job_session(config.spark, spark_submit=spark_submit)
+    spark = job_session(config.spark, spark_submit=spark_submit,
+                        object_store=on_object_store(config.target))
     return _emit(job.run(spark), args.report_file)
 
 

@@ -19,6 +19,10 @@ from js_etl.jetstream import ConnectionOptions, JetStreamSession
 from tools.object_store import LocalS3Server
 
 os.environ["TZ"] = "UTC"  # collect() returns naive datetimes in the process's local zone
+# Delta's jars from the folder `make setup` resolved: the suite runs offline. The tests of
+# Spark's own resolution (--packages, the default) take it out of their children's environment.
+os.environ.setdefault("JS_ETL_JARS_DIR",
+                      str(Path(__file__).resolve().parents[1] / ".jars" / "delta"))
 # The JVMs the tests start (this process's SparkSession and every spark-submit and `js-etl drain`
 # child: all inherit this) compile with C1 only and collect with the serial GC. They live seconds
 # to minutes on a 2-core box, where C2's compiler threads cost more CPU than they save: one

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -119,9 +120,10 @@ def test_workers_whose_python_lacks_js_etls_dependencies_fail_in_one_clear_line(
 
 def test_spark_submit_job_drains_with_delta_jars(stream_with_messages, nats_server, tmp_path):
     names = stream_with_messages
-    jars = run(JS_ETL, "jars").stdout.strip()
+    delta = shlex.split(run(JS_ETL, "spark-args").stdout.strip())
+    assert delta[0] == "--jars"  # JS_ETL_JARS_DIR's (tests/conftest.py): offline
     args = drain_args(names, nats_server, tmp_path / "t")
-    result = run(str(BIN / "spark-submit"), "--master", "local[2]", "--jars", jars,
+    result = run(str(BIN / "spark-submit"), "--master", "local[2]", *delta,
                  str(REPO / "jobs" / "drain_to_delta.py"), *args)
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads(last_line(result.stdout))["messages_written"] == 120
@@ -129,7 +131,7 @@ def test_spark_submit_job_drains_with_delta_jars(stream_with_messages, nats_serv
     missing = run(str(BIN / "spark-submit"), "--master", "local[2]",
                   str(REPO / "jobs" / "drain_to_delta.py"), *args)
     assert missing.returncode == 2
-    assert "--jars" in (missing.stdout + missing.stderr)
+    assert "spark-submit $(js-etl spark-args)" in (missing.stdout + missing.stderr)
 
 
 def test_speculation_is_refused_before_anything_is_fetched(stream_with_messages, nats_server,
@@ -137,8 +139,9 @@ def test_speculation_is_refused_before_anything_is_fetched(stream_with_messages,
     """Two attempts of one fetch task would both pull from the consumer. Spark reads the
     setting trimmed and in any case: " TRUE" turns speculation on (got past the check once)."""
     names = stream_with_messages
-    result = run(str(BIN / "spark-submit"), "--master", "local[2]", "--jars",
-                 run(JS_ETL, "jars").stdout.strip(), "--conf", "spark.speculation= TRUE ",
+    result = run(str(BIN / "spark-submit"), "--master", "local[2]",
+                 *shlex.split(run(JS_ETL, "spark-args").stdout),
+                 "--conf", "spark.speculation= TRUE ",
                  str(REPO / "jobs" / "drain_to_delta.py"),
                  *drain_args(names, nats_server, tmp_path / "t"))
     assert result.returncode == 2, result.stderr[-2000:]

@@ -15,6 +15,9 @@ both ends pickle and exchange Arrow data with the same libraries), packed with `
 ``.cache/executor-env/<key>/`` (ignored by git), keyed by the wheel's contents and those pins,
 so a rerun with an unchanged package reuses it.
 
+Spark platform brings its own pyspark: :func:`platform_env` builds such an environment (a
+given pyspark, js-etl's wheel with its ``job`` extra, no delta-spark) to run the job as there.
+
 Dev tooling, like :mod:`js_etl.demo.server`: no pytest here; a failed command raises
 :class:`ShippingError` with the command and the tail of its output.
 """
@@ -49,6 +52,8 @@ PRUNE_AFTER = 3 * 3600.0
 # uses it if present). Without it the archive went from 111 to 88 MiB; the cluster test's
 # executors run on it (tests/cluster/test_spark_cluster.py).
 EXECUTOR_DEPS = ("pyarrow", "numpy", "nats-py", "nkeys", "PyYAML")
+# Every distribution js-etl's core and `job` extra name (pyproject.toml).
+JOB_DEPS = (*EXECUTOR_DEPS, "pandas", "deltalake", "obstore")
 
 
 class ShippingError(TerminalError):
@@ -88,6 +93,19 @@ def build_wheel(dest: Path) -> Path:
     _run([PYTHON, "-m", "pip", "wheel", str(repo), "--no-deps", "-q", "-w", str(dest)])
     [wheel] = Path(dest).glob("js_etl-*.whl")
     return wheel
+
+
+def platform_env(dest: Path, pyspark: str) -> Path:
+    """A venv at ``dest`` as a Spark platform's Python with js-etl installed: ``pyspark`` of
+    that version, the wheel of this checkout with its ``job`` extra pinned to this venv's
+    versions, no delta-spark. Its python's path."""
+    wheel = build_wheel(dest.parent / f"{dest.name}-dist")
+    _run([getattr(sys, "_base_executable", PYTHON), "-m", "venv", "--without-pip", str(dest)])
+    python = dest / "bin" / "python"
+    _run([PYTHON, "-m", "pip", "--python", str(python), "install", "-q",
+          "--disable-pip-version-check", f"pyspark=={pyspark}", f"{wheel}[job]",
+          *(f"{name}=={version(name)}" for name in JOB_DEPS)])
+    return python
 
 
 def executor_requirements() -> list[str]:

@@ -158,8 +158,9 @@ class JetStreamToDeltaOperator(BaseOperator):
         ``AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type":"spark","host":"local[2]"}'`` or pass ``master``.
     :param master: overrides the Spark connection's master, e.g. ``"local[2]"``.
     :param conf: extra Spark conf (``--conf``; templated).
-    :param jars: jars for ``--jars`` (list or comma-separated); default Delta's jars
-        (:func:`js_etl.spark.jars.delta_jars`); ``""`` for none.
+    :param jars: jars for ``--jars`` (list or comma-separated), in place of Delta's default:
+        ``--packages`` that spark-submit resolves from Maven Central, or the jars of
+        ``JS_ETL_JARS_DIR`` (:func:`js_etl.spark.jars.delta_artifacts`); ``""`` for none.
     :param spark_binary: default: the ``spark-submit`` next to the running Python (pyspark's),
         else ``spark-submit`` on PATH. With a ``local`` master, ``PYSPARK_PYTHON`` defaults to
         the running Python so the job imports the same js_etl.
@@ -311,7 +312,7 @@ class JetStreamToDeltaOperator(BaseOperator):
         ti = context["ti"]
         name = f"js-etl-{self.job}-{ti.dag_id}.{ti.task_id}"
         hook = self._submit_hook(args, job_env, user_env, name=name,
-                                 conf=self._spark_conf(context))
+                                 conf=self._spark_conf(context), config=config)
         self._hook = hook
         try:
             try:
@@ -397,13 +398,15 @@ class JetStreamToDeltaOperator(BaseOperator):
 
     def _submit_hook(self, args: list[str], job_env: Mapping[str, str],
                      user_env: Mapping[str, str], *, name: str,
-                     conf: Mapping[str, Any] | None = None) -> _JobSubmitHook:
+                     conf: Mapping[str, Any] | None = None,
+                     config: JobConfig | None = None) -> _JobSubmitHook:
+        conf = dict(self.conf or {}) if conf is None else dict(conf)
         hook = _JobSubmitHook(
             process_env=job_env,
             master=self.master,
             conn_id=self.spark_conn_id,
-            conf=dict(self.conf or {}) if conf is None else dict(conf),
-            jars=self._jars(),
+            conf=conf,
+            **self._delta(config, conf),
             name=name,
             application_args=args,
             env_vars=dict(user_env) or None,
@@ -438,17 +441,26 @@ class JetStreamToDeltaOperator(BaseOperator):
                 "unset, or pass a path that exists on this worker")
         return application
 
-    def _jars(self) -> str | None:
-        if self.jars is None:
-            from js_etl.spark.jars import delta_jars
+    def _delta(self, config: JobConfig | None, conf: dict[str, Any]) -> dict[str, Any]:
+        """The hook's arguments that bring Delta: ``jars`` as given, else Spark resolves it
+        (``--packages``; S3A too for tables on S3), its Ivy settings added to ``conf``."""
+        if self.jars is not None:
+            jars = self.jars if isinstance(self.jars, str) else ",".join(self.jars)
+            return {"jars": jars or None}
+        from js_etl.delta.rules import on_object_store
+        from js_etl.spark.jars import delta_artifacts
 
-            try:
-                return ",".join(delta_jars())
-            except JsEtlError as e:
-                raise AirflowFailException(str(e)) from None
-        if isinstance(self.jars, str):
-            return self.jars or None
-        return ",".join(self.jars) or None
+        try:
+            artifacts = delta_artifacts(
+                object_store=config is not None and on_object_store(config.target),
+                conf={str(k): str(v) for k, v in conf.items()})
+        except JsEtlError as e:
+            raise AirflowFailException(str(e)) from None
+        if artifacts.ivy_settings:
+            conf["spark.jars.ivySettings"] = artifacts.ivy_settings
+        return {"jars": ",".join(artifacts.jars),
+                "packages": ",".join(artifacts.packages) or None,
+                "exclude_packages": ",".join(artifacts.excludes) or None}
 
     def _failure(self, hook: _JobSubmitHook, error: AirflowException) -> AirflowException:
         code = hook.returncode

@@ -12,6 +12,8 @@ from urllib.parse import urlparse
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
+    from js_etl.config import TargetConfig
+
 
 @dataclass(frozen=True, slots=True)
 class TableShape:
@@ -138,6 +140,12 @@ def object_store_url(location: str) -> str | None:
     """``location`` as an object-store URL without a trailing slash, or None."""
     scheme = urlparse(location).scheme.lower()
     return location.rstrip("/") if scheme in OBJECT_STORE_SCHEMES else None
+
+
+def on_object_store(target: TargetConfig) -> bool:
+    """Whether a job's tables lie on an object store (Spark's session then needs S3A)."""
+    return any(path and object_store_url(path)
+               for path in (target.path, target.dead_letter_path))
 
 
 def local_directory(location: str) -> str | None:

@@ -41,14 +41,17 @@ import asyncio
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import nats.errors
-import pyarrow as pa
 
 from js_etl.errors import JsEtlError
 from js_etl.jetstream.client import JetStreamConnection
 from js_etl.jetstream.errors import ConsumerUnavailableError, NatsUnavailableError
 from js_etl.jetstream.subjects import ack_subject, framed_ack_subjects, parse_ack_subject
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 ACK = b"+ACK"
 TERM = b"+TERM"

@@ -9,11 +9,12 @@ from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import overload
-
-import pyarrow as pa
+from typing import TYPE_CHECKING, overload
 
 from js_etl.jetstream.subjects import AckMetadata, parse_ack_subject
+
+if TYPE_CHECKING:  # pyarrow is the fetch's, imported where used: Airflow hosts go without it
+    import pyarrow as pa
 
 
 def parse_headers(raw: bytes | None) -> dict[str, list[str]]:
@@ -131,6 +132,8 @@ class Deliveries(Sequence[JsMessage]):
         if self._ends and self._ends[-1] > 2**31 - 1:
             raise ValueError(f"{len(self)} payloads hold {self._ends[-1]:,} bytes, over the 2 GiB "
                              "a binary array holds")
+        import pyarrow as pa
+
         offsets = array("i", [0])
         offsets.extend(self._ends.tolist())
         self._shared = True

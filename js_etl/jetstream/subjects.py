@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
-import pyarrow as pa
-import pyarrow.compute as pc
+if TYPE_CHECKING:  # pyarrow is the fetch's, imported where used: Airflow hosts go without it
+    import pyarrow as pa
 
 _ACK_PREFIX = "$JS.ACK."
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -50,6 +51,8 @@ def framed_ack_subjects(prefix: str, num_delivered: pa.Array, stream_seq: pa.Arr
     """``before + <ack subject> + after`` for every delivery, as ``large_binary`` (64-bit
     offsets: no 2 GiB ceiling), in one Arrow kernel pass. The subjects are those of
     :func:`ack_subject`."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
 
     def binary(value: bytes) -> pa.Scalar:
         return pa.scalar(value, pa.large_binary())
@@ -136,6 +139,9 @@ def parse_ack_columns(replies: pa.Array, prefix: str) -> AckColumns:
     by Arrow compute kernels: parsing each message's tokens in Python cost more than the rest of
     a fetched batch together. ForeignAckSubjectError names the first that is not under
     ``prefix``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     prefix_dot = prefix + "."
     if not pc.all(pc.starts_with(replies, prefix_dot)).as_py():
         bad = next(r for r in replies.to_pylist() if not r.startswith(prefix_dot))

@@ -1,31 +1,31 @@
-"""Delta's JVM jars, and Hadoop's S3A connector, resolved from Maven Central once into a jars
-folder and reused offline.
+"""Delta's JVM side for Spark: what a session or a spark-submit needs, the Spark way.
 
-``configure_spark_with_delta_pip`` would resolve through Ivy on every session start (network
-each time) and asks for ``delta-spark_4.2_2.13:<python package version>``. We resolve once with
-Maven and keep only the artifacts pyspark does not already ship: Spark's own classes are loaded
-parent-first, so duplicates (older jackson, parquet, hadoop) would only be dead weight.
+By default Spark's own dependency resolution (``--packages``, Ivy) fetches Delta from Maven
+Central on the machine that submits, once per Ivy cache: nothing to install, no Maven. Two
+things ride along:
 
-S3A (``s3a://`` tables on Spark's writer) is ``hadoop-aws`` of pyspark's Hadoop with the AWS SDK
-modules it calls, not the SDK's 686 MB ``bundle`` jar its POM names: the ``s3``,
-``s3-transfer-manager`` and ``sts`` modules of the SDK version that hadoop-aws was built with.
-And js-etl's own Delta log store for S3 (:data:`LOG_STORE_CLASS`, compiled from the Java source
-shipped in this package with ``javac``): Spark's commits to S3 with a conditional PUT.
+* Ivy settings of our own (:data:`IVY_SETTINGS`: Maven Central and Ivy's cache), unless the
+  session sets ``spark.jars.ivySettings``: Spark's default chain reads ``~/.m2`` first, and an
+  ``~/.m2`` holding an artifact's POM without its jar (``mvn`` leaves such) fails the
+  resolution instead of falling through to Maven Central. ``spark.jars.repositories`` still adds
+  a mirror.
+* js-etl's Delta log store for S3 (:data:`LOG_STORE_CLASS`): Spark's commits to S3 with a
+  conditional PUT. Its jar (:data:`LOG_STORE_JAR`) ships in this package, built from the Java
+  source beside it (``python -m js_etl.spark.jars --build-log-store``; a test checks the two
+  agree).
 
-The jars folder (:func:`default_jar_dir`), first that applies:
+For ``s3://``/``s3a://`` tables S3A comes too: ``hadoop-aws`` of pyspark's Hadoop with the AWS SDK
+modules it calls, not the SDK's 686 MB ``bundle`` jar its POM names (excluded).
 
-1. ``$JS_ETL_JARS_DIR`` — a folder of jars you provide (or want them resolved into);
-2. ``<repository>/.jars/<JARS_NAME>`` when js_etl runs from its source checkout
-   (``pip install -e``; git-ignored);
-3. ``${XDG_CACHE_HOME:-~/.cache}/js-etl/jars/<JARS_NAME>``, a per-user cache, for an
-   installed wheel.
+Offline, a folder of jars replaces the resolution: ``$JS_ETL_JARS_DIR`` (:func:`jars_folder`).
+The repository's ``make`` sets it to ``.jars/delta``, which ``make setup`` fills with Maven
+(keeping only what pyspark does not ship), so the test suite runs offline.
 
-    python -m js_etl.spark.jars            # resolve (idempotent), print the jar paths
+    python -m js_etl.spark.jars DIR        # resolve into DIR (once per JARS_NAME), print the jars
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shutil
@@ -33,6 +33,8 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from js_etl.errors import TerminalError
@@ -43,9 +45,15 @@ HADOOP_AWS_VERSION = "3.5.0"  # the Hadoop of pyspark 4.2.0 (hadoop-client-api-3
 AWS_SDK_VERSION = "2.35.4"  # the AWS SDK hadoop-aws 3.5.0 was built with
 JARS_NAME = f"delta-{DELTA_VERSION}-s3a-{HADOOP_AWS_VERSION}"
 _MARKER = "RESOLVED"
+S3A_ARTIFACTS = (f"org.apache.hadoop:hadoop-aws:{HADOOP_AWS_VERSION}",
+                 *(f"software.amazon.awssdk:{name}:{AWS_SDK_VERSION}"
+                   for name in ("s3", "s3-transfer-manager", "sts")))
+S3A_EXCLUDES = ("software.amazon.awssdk:bundle",)
+_HERE = Path(__file__).parent
+IVY_SETTINGS = _HERE / "ivysettings.xml"
 LOG_STORE_CLASS = "io.jsetl.delta.ConditionalPutLogStore"
-_LOG_STORE_SOURCE = Path(__file__).parent / "java" / "io" / "jsetl" / "delta" / \
-    "ConditionalPutLogStore.java"
+LOG_STORE_JAR = _HERE / "java" / "js-etl-log-store.jar"
+_LOG_STORE_SOURCE = _HERE / "java" / "io" / "jsetl" / "delta" / "ConditionalPutLogStore.java"
 
 _POM = f"""<project xmlns="http://maven.apache.org/POM/4.0.0">
   <modelVersion>4.0.0</modelVersion>
@@ -68,16 +76,59 @@ _POM = f"""<project xmlns="http://maven.apache.org/POM/4.0.0">
 """
 
 
-def default_jar_dir() -> Path:
-    """``$JS_ETL_JARS_DIR``, else ``.jars/<JARS_NAME>`` of the source checkout js_etl runs
-    from, else the per-user cache ``${XDG_CACHE_HOME:-~/.cache}/js-etl/jars/<JARS_NAME>``."""
-    if os.environ.get("JS_ETL_JARS_DIR"):
-        return Path(os.environ["JS_ETL_JARS_DIR"])
-    checkout = source_checkout()
-    if checkout is not None:
-        return checkout / ".jars" / JARS_NAME
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "js-etl" / "jars" / JARS_NAME
+@dataclass(frozen=True)
+class SparkArtifacts:
+    """What Spark needs for Delta: jar files (``spark.jars``), Maven coordinates Spark resolves
+    (``spark.jars.packages``) with their exclusions, and the Ivy settings to resolve them by."""
+
+    jars: tuple[str, ...]
+    packages: tuple[str, ...] = ()
+    excludes: tuple[str, ...] = ()
+    ivy_settings: str | None = None
+
+    def conf(self) -> dict[str, str]:
+        """The session settings (a builder's ``config``)."""
+        conf = {"spark.jars": ",".join(self.jars)}
+        if self.packages:
+            conf["spark.jars.packages"] = ",".join(self.packages)
+        if self.excludes:
+            conf["spark.jars.excludes"] = ",".join(self.excludes)
+        if self.ivy_settings:
+            conf["spark.jars.ivySettings"] = self.ivy_settings
+        return conf
+
+    def submit_args(self) -> list[str]:
+        """The same as spark-submit options."""
+        args = ["--jars", ",".join(self.jars)]
+        if self.packages:
+            args += ["--packages", ",".join(self.packages)]
+        if self.excludes:
+            args += ["--exclude-packages", ",".join(self.excludes)]
+        if self.ivy_settings:
+            args += ["--conf", f"spark.jars.ivySettings={self.ivy_settings}"]
+        return args
+
+
+def delta_artifacts(*, object_store: bool = False,
+                    conf: Mapping[str, str] | None = None) -> SparkArtifacts:
+    """Delta for a session or a spark-submit: the jars of :func:`jars_folder` when there is one,
+    else Maven coordinates (S3A's too when ``object_store``) and js-etl's Ivy settings unless
+    ``conf`` (the session's settings) has its own."""
+    folder = jars_folder()
+    if folder is not None:
+        return SparkArtifacts(jars=(*delta_jars(folder), str(LOG_STORE_JAR)))
+    settings = None if (conf or {}).get("spark.jars.ivySettings") else str(IVY_SETTINGS)
+    return SparkArtifacts(
+        jars=(str(LOG_STORE_JAR),),
+        packages=(DELTA_ARTIFACT, *(S3A_ARTIFACTS if object_store else ())),
+        excludes=S3A_EXCLUDES if object_store else (), ivy_settings=settings)
+
+
+def jars_folder() -> Path | None:
+    """``$JS_ETL_JARS_DIR`` (a folder of jars, for machines that cannot reach Maven Central),
+    else None: Spark resolves Delta itself."""
+    folder = os.environ.get("JS_ETL_JARS_DIR")
+    return Path(folder) if folder else None
 
 
 def source_checkout() -> Path | None:
@@ -102,40 +153,35 @@ def _spark_shipped() -> set[str]:
     return {_artifact_name(p.name) for p in jars.glob("*.jar")}
 
 
-def delta_jars(jar_dir: Path | None = None, *, resolve: bool = True) -> list[str]:
-    """Paths of Delta's jars; resolves them with ``mvn`` the first time (and builds the log
-    store again when its source changed)."""
-    jar_dir = jar_dir or default_jar_dir()
+def delta_jars(jar_dir: Path, *, resolve: bool = False) -> list[str]:
+    """Paths of the jars in ``jar_dir``; ``resolve``: (re)fill it with ``mvn`` first unless it
+    holds :data:`JARS_NAME` already (``make setup``)."""
     marker = jar_dir / _MARKER
-    current = marker.read_text() if marker.exists() else None
-    if current != _marker_text():
-        if not resolve:
-            raise TerminalError(f"Delta jars missing in {jar_dir}: run `js-etl jars` "
-                                "(or `make setup`) once with Maven, a JDK and network access")
-        if current is None:
-            _resolve(jar_dir)
-        _build_log_store(jar_dir)
-        marker.write_text(_marker_text())
-    return sorted(str(p) for p in jar_dir.glob("*.jar"))
+    if resolve and (not marker.exists() or marker.read_text().strip() != JARS_NAME):
+        shutil.rmtree(jar_dir, ignore_errors=True)
+        _resolve(jar_dir)
+        marker.write_text(JARS_NAME + "\n")
+    jars = sorted(str(p) for p in jar_dir.glob("*.jar"))
+    if not jars:
+        raise TerminalError(f"no jars in {jar_dir} (JS_ETL_JARS_DIR): put Delta's jars there, "
+                            "or unset it to let Spark fetch Delta from Maven Central")
+    return jars
 
 
-def _marker_text() -> str:
-    """What the jars folder was made of: the artifacts, and the log store's source."""
-    digest = hashlib.sha256(_LOG_STORE_SOURCE.read_bytes()).hexdigest()[:16]
-    return f"{JARS_NAME}\nlog store {digest}\n"
-
-
-def _build_log_store(jar_dir: Path) -> None:
-    """Compile :data:`LOG_STORE_CLASS` against the folder's Delta and pyspark's Hadoop, into
-    ``js-etl-log-store.jar`` there."""
+def build_log_store(jar: Path = LOG_STORE_JAR) -> None:
+    """Compile :data:`LOG_STORE_CLASS` against Delta's storage jar and pyspark's Hadoop into
+    ``jar`` (for maintainers: the package ships the result)."""
     import pyspark
 
     javac = shutil.which("javac")
     if not javac:
-        raise TerminalError("javac (a JDK) is needed once to build js-etl's Delta log store "
-                            f"into {jar_dir}; install a JDK 17 or set JS_ETL_JARS_DIR to a "
-                            "folder of jars")
-    classpath = [*jar_dir.glob("delta-storage-*.jar"),
+        raise TerminalError("javac (a JDK 17) is needed to build the log store")
+    folder = jars_folder()
+    storage = sorted(folder.glob("delta-storage-*.jar")) if folder else []
+    if not storage:
+        raise TerminalError("Delta's storage jar is needed to build the log store: "
+                            "run `make setup` first")
+    classpath = [*storage,
                  *(Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar")]
     with tempfile.TemporaryDirectory(prefix="js-etl-log-store-") as tmp:
         proc = subprocess.run(
@@ -144,9 +190,11 @@ def _build_log_store(jar_dir: Path) -> None:
         if proc.returncode != 0:
             raise TerminalError(f"javac could not build {LOG_STORE_CLASS}: "
                                 f"{(proc.stdout + proc.stderr).strip()[-800:]}")
-        with zipfile.ZipFile(jar_dir / "js-etl-log-store.jar", "w") as jar:
+        with zipfile.ZipFile(jar, "w") as out:
             for path in sorted(Path(tmp).rglob("*.class")):
-                jar.write(path, path.relative_to(tmp).as_posix())
+                # A fixed date: the same classes make the same jar.
+                info = zipfile.ZipInfo(path.relative_to(tmp).as_posix(), (2026, 1, 1, 0, 0, 0))
+                out.writestr(info, path.read_bytes())
 
 
 def _resolve(jar_dir: Path) -> None:
@@ -172,6 +220,12 @@ def _resolve(jar_dir: Path) -> None:
 
 if __name__ == "__main__":
     try:
-        print("\n".join(delta_jars()))
+        if sys.argv[1:] == ["--build-log-store"]:
+            build_log_store()
+            print(LOG_STORE_JAR)
+        elif len(sys.argv) == 2:
+            print("\n".join(delta_jars(Path(sys.argv[1]), resolve=True)))
+        else:
+            sys.exit("usage: python -m js_etl.spark.jars DIR | --build-log-store")
     except TerminalError as e:
         sys.exit(f"js-etl: {e}")

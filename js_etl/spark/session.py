@@ -8,14 +8,16 @@ habit). The entry points that do need a session — the CLI and spark-submit job
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from js_etl.errors import TerminalError
-from js_etl.spark.jars import LOG_STORE_CLASS, delta_jars
+from js_etl.spark.jars import LOG_STORE_CLASS, SparkArtifacts, delta_artifacts
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -32,18 +34,16 @@ DELTA_CONF = {
 }
 
 
-def configure_delta(builder: SparkSession.Builder, *, jars: list[str] | None = None
+def configure_delta(builder: SparkSession.Builder, artifacts: SparkArtifacts | None
                     ) -> SparkSession.Builder:
-    """Add Delta (jars, extension, catalog) to a session builder.
+    """Add Delta to a session builder: its ``artifacts`` (jars, or packages Spark resolves;
+    :func:`~js_etl.spark.jars.delta_artifacts`), extension and catalog.
 
-    ``jars=[]`` adds no jars and leaves ``spark.jars`` alone: under spark-submit it holds the
-    ``--jars`` list, and setting it to ``""`` here wiped it, so executors on a cluster got no
-    Delta classes (tests/cluster/test_spark_submit_jars.py).
+    ``artifacts=None`` leaves ``spark.jars`` alone: under spark-submit it holds the ``--jars``
+    list, and setting it to ``""`` here wiped it, so executors on a cluster got no Delta
+    classes (tests/cluster/test_spark_submit_jars.py).
     """
-    jar_list = jars if jars is not None else delta_jars()
-    if jar_list:
-        builder = builder.config("spark.jars", ",".join(jar_list))
-    for key, value in DELTA_CONF.items():
+    for key, value in {**(artifacts.conf() if artifacts else {}), **DELTA_CONF}.items():
         builder = builder.config(key, value)
     return builder
 
@@ -87,17 +87,17 @@ def local_jvm_options(*, columnar: bool, conf: Mapping[str, str] | None = None,
 
 
 def local_builder(master: str = "local[2]", app_name: str = "js-etl",
-                  conf: Mapping[str, str] | None = None, *, columnar: bool = False
-                  ) -> SparkSession.Builder:
-    """A builder for js-etl on local Spark: Delta, UTC, no UI, workers on this interpreter
-    forked from :mod:`js_etl.drain.worker_daemon`, the JVM options of :func:`local_jvm_options`
-    (``columnar``: for a drain on the columnar writer)."""
-    from pyspark.sql import SparkSession
+                  conf: Mapping[str, str] | None = None, *, columnar: bool = False,
+                  object_store: bool = False) -> SparkSession.Builder:
+    """A builder for js-etl on local Spark: Delta (S3A too for ``object_store`` tables), UTC, no
+    UI, workers on this interpreter forked from :mod:`js_etl.drain.worker_daemon`, the JVM
+    options of :func:`local_jvm_options` (``columnar``: for a drain on the columnar writer)."""
+    session_class = pyspark_session()
 
     # Workers must run this venv's Python, or they import a different (or no) js_etl.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    builder = (SparkSession.builder.master(master).appName(app_name)
+    builder = (session_class.builder.master(master).appName(app_name)
                .config("spark.ui.enabled", "false")
                .config("spark.sql.session.timeZone", "UTC")
                .config("spark.ui.showConsoleProgress", "false")
@@ -111,41 +111,77 @@ def local_builder(master: str = "local[2]", app_name: str = "js-etl",
                .config("spark.python.daemon.module", "js_etl.drain.worker_daemon"))
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
-    return configure_delta(builder)
+    return configure_delta(builder, delta_artifacts(object_store=object_store, conf=conf))
 
 
 def local_session(master: str = "local[2]", app_name: str = "js-etl",
-                  conf: Mapping[str, str] | None = None, *,
-                  log_level: str | None = None, columnar: bool = False) -> SparkSession:
+                  conf: Mapping[str, str] | None = None, *, log_level: str | None = None,
+                  columnar: bool = False, object_store: bool = False) -> SparkSession:
     """Start (or reuse) local Spark from :func:`local_builder`; ``log_level`` (e.g. ``"ERROR"``)
     quiets Spark's own logging for tools whose output is meant to be read (demo, bench, tests).
 
     >>> spark = local_session("local[2]", "my-notebook", log_level="ERROR")
     """
-    spark = local_builder(master, app_name, conf, columnar=columnar).getOrCreate()
+    spark = local_builder(master, app_name, conf, columnar=columnar,
+                          object_store=object_store).getOrCreate()
+    _delta_python(spark)
     if log_level is not None:
         spark.sparkContext.setLogLevel(log_level)
     return spark
 
 
-def job_session(spark_config: SparkConfig, *, spark_submit: bool, columnar: bool = False
-                ) -> SparkSession:
+def job_session(spark_config: SparkConfig, *, spark_submit: bool, columnar: bool = False,
+                object_store: bool = False) -> SparkSession:
     """The session of a ``js-etl drain|backfill`` run: local Spark from the config's ``spark.*``
-    section (``columnar``: for a drain on the columnar writer), or, under spark-submit, the
-    session spark-submit prepared."""
-    from pyspark.sql import SparkSession
-
+    section (``columnar``: for a drain on the columnar writer; ``object_store``: tables on S3),
+    or, under spark-submit, the session spark-submit prepared."""
+    session_class = pyspark_session()
     if not spark_submit:
         return local_session(spark_config.master, spark_config.app_name, spark_config.conf,
-                             columnar=columnar)
-    builder = SparkSession.builder.appName(spark_config.app_name)
+                             columnar=columnar, object_store=object_store)
+    builder = session_class.builder.appName(spark_config.app_name)
     for key, value in spark_config.conf.items():
         builder = builder.config(key, value)
-    # Under spark-submit the JVM is already running: Delta's jars must come with --jars
-    # (docs/running.md); configure_delta only adds the extension and catalog settings then.
-    spark = configure_delta(builder, jars=[]).getOrCreate()
+    # Under spark-submit the JVM is already running: Delta must come with its --packages or
+    # --jars (docs/running.md); configure_delta only adds the extension and catalog settings.
+    spark = configure_delta(builder, None).getOrCreate()
     _require_delta(spark)
+    _delta_python(spark)
     return spark
+
+
+# The Spark line Delta's jars (js_etl.spark.jars.DELTA_ARTIFACT) are built for.
+SPARK_LINE = "4.2"
+
+
+def pyspark_session() -> Any:
+    """pyspark's ``SparkSession`` class, once pyspark is known to be there and of the Spark line
+    Delta's jars serve: a mismatch fails here in one line, not in the JVM's class loading."""
+    try:
+        import pyspark
+        from pyspark.sql import SparkSession
+    except ImportError:
+        raise TerminalError("pyspark is not installed: pip install 'js-etl[spark]' for Spark on "
+                            "this machine, or run the job where Spark 4.2 is "
+                            "(spark-submit)") from None
+    if not pyspark.__version__.startswith(SPARK_LINE + "."):
+        raise TerminalError(f"js-etl runs on Spark {SPARK_LINE}.x (pyspark>={SPARK_LINE}.0,"
+                            f"<4.3), the line of its Delta jars; this is pyspark "
+                            f"{pyspark.__version__}")
+    return SparkSession
+
+
+def _delta_python(spark: SparkSession) -> None:
+    """Make Delta's Python API (``import delta``) importable: Spark puts the jar of
+    ``--packages`` on the path, and pip's ``delta-spark`` provides it; else it is read from
+    Delta's jar in ``spark.jars``, which carries it (a platform's pyspark beside js-etl[job])."""
+    if importlib.util.find_spec("delta") is not None:
+        return
+    for jar in (spark.conf.get("spark.jars", "") or "").split(","):
+        path = jar.removeprefix("file:")
+        if Path(path).name.startswith("delta-spark_") and Path(path).is_file():
+            sys.path.append(path)
+            return
 
 
 def _require_delta(spark: SparkSession) -> None:
@@ -156,9 +192,9 @@ def _require_delta(spark: SparkSession) -> None:
                                                  spark_jvm(spark).Thread.currentThread()
                                                  .getContextClassLoader())
     except Py4JError:
-        raise TerminalError("Delta classes are not on the driver's classpath: pass Delta's jars "
-                            "to spark-submit, e.g. --jars $(js-etl jars) — see docs/running.md "
-                            "'Running a drain'") from None
+        raise TerminalError("Delta classes are not on the driver's classpath: give spark-submit "
+                            "Delta, e.g. spark-submit $(js-etl spark-args) — see "
+                            "docs/running.md 'Running a drain'") from None
 
 
 def spark_jvm(spark: SparkSession) -> Any:

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from js_etl.spark.jars import delta_jars
+from js_etl.spark.jars import delta_artifacts
 
 BIN = Path(sys.executable).parent
 
@@ -32,8 +32,8 @@ spark.stop()
 
 
 def test_spark_submit_jars_survive_job_session(tmp_path: Path) -> None:
-    jars = delta_jars()
-    assert jars  # Delta's jars, resolved by `make setup`
+    jars = delta_artifacts().jars
+    assert len(jars) > 1  # Delta's jars, resolved by `make setup`, and the log store
     probe = tmp_path / "probe.py"
     probe.write_text(PROBE)
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "TZ": "UTC",

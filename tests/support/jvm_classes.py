@@ -72,14 +72,14 @@ def _key(java: str, options: str) -> str:
     """Everything the archive depends on: the Java build, Spark's and Delta's jars, the options."""
     from pyspark.find_spark_home import _find_spark_home
 
-    from js_etl.spark.jars import delta_jars
+    from js_etl.spark.jars import delta_artifacts
 
     version = subprocess.run([java, "-version"], capture_output=True, text=True,
                              check=False).stderr
     spark_jars = sorted((Path(_find_spark_home()) / "jars").iterdir())
     parts = [os.path.realpath(java), version, options,
              *(f"{p}:{p.stat().st_size}" for p in [*spark_jars,
-                                                     *map(Path, delta_jars(resolve=False))])]
+                                                     *map(Path, delta_artifacts().jars)])]
     return hashlib.sha256("\n".join(map(str, parts)).encode()).hexdigest()[:16]
 
 

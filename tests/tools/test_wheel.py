@@ -4,8 +4,8 @@ installed job script by default.
 
 The wheel is installed with ``pip install --no-deps --target`` and put first on ``PYTHONPATH`` of
 this venv's Python (whose dependencies it reuses), from a working directory outside the
-repository. Delta's jars come from the checkout's ``.jars`` through ``JS_ETL_JARS_DIR``, so
-nothing is downloaded but the build backend (pip's build isolation: the venv's own setuptools
+repository. Delta's jars come from the checkout's ``.jars/delta`` through ``JS_ETL_JARS_DIR``,
+so nothing is downloaded but the build backend (pip's build isolation: the venv's own setuptools
 is older than the one pyproject.toml requires).
 """
 
@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-from js_etl.spark.jars import JARS_NAME
 from tools.shipping import build_wheel
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,12 +32,13 @@ _WHERE = r"""
 import json
 import js_etl, js_etl.jobs.drain, js_etl.jobs.backfill
 from js_etl.demo import demo_config
-from js_etl.spark.jars import default_jar_dir, source_checkout
+from js_etl.spark.jars import LOG_STORE_JAR, delta_artifacts, source_checkout
 print(json.dumps({"package": js_etl.__file__, "drain": js_etl.jobs.drain.__file__,
                   "backfill": js_etl.jobs.backfill.__file__, "demo_config": str(demo_config()),
                   "demo_config_exists": demo_config().is_file(),
                   "checkout": source_checkout() and str(source_checkout()),
-                  "jars": str(default_jar_dir())}))
+                  "delta": delta_artifacts().submit_args(),
+                  "log_store": LOG_STORE_JAR.is_file()}))
 """
 
 # The operator's default application, from the installed js_etl (Airflow only in this process).
@@ -79,8 +79,7 @@ def run_installed(site: Path, cwd: Path, *args: str, timeout: float = 300,
 
 
 def test_the_wheel_holds_the_jobs_and_the_demo_config(site, tmp_path):
-    result = run_installed(site, tmp_path, "-c", _WHERE, XDG_CACHE_HOME=str(tmp_path / "cache"),
-                           JS_ETL_JARS_DIR="")
+    result = run_installed(site, tmp_path, "-c", _WHERE, JS_ETL_JARS_DIR="")
     assert result.returncode == 0, result.stderr[-3000:]
     where = json.loads(last_line(result.stdout))
     for key in ("package", "drain", "backfill", "demo_config"):
@@ -89,14 +88,17 @@ def test_the_wheel_holds_the_jobs_and_the_demo_config(site, tmp_path):
     assert (site / "js_etl" / "py.typed").is_file()
     # The product only: the benchmark and cluster tooling stay in the checkout (tools/).
     assert not (site / "tools").exists() and not (site / "js_etl" / "dev").exists()
-    # Not a source checkout: Delta's jars go to the per-user cache.
+    # Not a source checkout; Delta comes by --packages, with the log store jar of the wheel.
     assert where["checkout"] is None
-    assert where["jars"] == str(tmp_path / "cache" / "js-etl" / "jars" / JARS_NAME)
+    log_store = str((site / "js_etl" / "spark" / "java" / "js-etl-log-store.jar").resolve())
+    assert where["log_store"] is True
+    assert where["delta"][:4] == ["--jars", log_store, "--packages",
+                                  "io.delta:delta-spark_4.2_2.13:4.4.0"]
 
 
 def test_the_demo_runs_from_the_wheel(site, tmp_path):
     result = run_installed(site, tmp_path, "-m", "js_etl.cli", "demo", "--messages", "300",
-                           JS_ETL_JARS_DIR=str(REPO / ".jars" / JARS_NAME))
+                           JS_ETL_JARS_DIR=str(REPO / ".jars" / "delta"))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads(last_line(result.stdout))
     assert report["messages_written"] == 300 and report["stopped_because"] == "drained"

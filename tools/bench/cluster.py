@@ -55,7 +55,7 @@ def submit_command(master: str, n: int, job_args: Sequence[str],
     ``local[n]`` (this venv's Python everywhere)."""
     from importlib.util import find_spec
 
-    from js_etl.spark.jars import delta_jars
+    from js_etl.spark.jars import delta_artifacts
     from tools.spark_cluster import SPARK_SUBMIT
 
     cmd = [str(SPARK_SUBMIT), "--master", master]
@@ -68,7 +68,7 @@ def submit_command(master: str, n: int, job_args: Sequence[str],
                 "--conf", f"spark.executor.memory={EXECUTOR_MEMORY}"]
     else:
         cmd += ["--conf", f"spark.pyspark.python={sys.executable}"]
-    cmd += ["--jars", ",".join(delta_jars()), "--conf", "spark.ui.enabled=false",
+    cmd += [*delta_artifacts().submit_args(), "--conf", "spark.ui.enabled=false",
             "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1"]
     for conf in SMALL_TABLE_CONF:
         cmd += ["--conf", conf]

@@ -27,11 +27,13 @@ if TYPE_CHECKING:
 def start_spark(config: JobConfig) -> SparkSession:
     """The bench's local Spark (the js-etl leg runs on it, and tables are read back with it),
     its JVM started as ``js-etl drain`` starts it for ``config``."""
+    from js_etl.delta.rules import on_object_store
     from js_etl.drain.writers.columnar_plan import expects_columnar
     from js_etl.spark.session import local_session
 
     return local_session(config.spark.master, "js-etl-bench", config.spark.conf,
-                         log_level="ERROR", columnar=expects_columnar(config))
+                         log_level="ERROR", columnar=expects_columnar(config),
+                         object_store=on_object_store(config.target))
 
 
 def table_counts(spark: SparkSession, path: str) -> dict[str, int]:

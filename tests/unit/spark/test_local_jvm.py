@@ -100,8 +100,8 @@ def test_js_etl_drain_starts_local_spark_for_the_writer_it_expects(monkeypatch, 
     class Started(Exception):
         pass
 
-    def job_session(spark_config, *, spark_submit, columnar=False):
-        raise Started(spark_submit, columnar)
+    def job_session(spark_config, *, spark_submit, columnar=False, object_store=False):
+        raise Started(spark_submit, columnar, object_store)
 
     monkeypatch.setattr(session, "job_session", job_session)
     monkeypatch.setattr(preflight, "check_drainable", lambda config, options: None)  # no NATS
@@ -109,4 +109,10 @@ def test_js_etl_drain_starts_local_spark_for_the_writer_it_expects(monkeypatch, 
                                 f"target.writer={writer}"), environ={})
     with pytest.raises(Started) as started:
         cli._drain(config, None, False)
-    assert started.value.args == (False, columnar)
+    assert started.value.args == (False, columnar, False)
+    # A table on S3: the session gets S3A too (its packages, when Spark resolves Delta).
+    on_s3 = load_config(None, (*JSON_JOB, "target.path=s3://bucket/t",
+                               f"target.writer={writer}"), environ={})
+    with pytest.raises(Started) as started:
+        cli._drain(on_s3, None, False)
+    assert started.value.args == (False, columnar, True)
