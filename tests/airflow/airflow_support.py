@@ -112,3 +112,34 @@ def lineage_events(job_name: str, event_type: str, timeout: float = 60.0) -> lis
         if found or time.monotonic() > deadline:
             return found
         time.sleep(0.1)
+
+
+_ON_AIRFLOW_HOST = r"""
+import json, sys
+from pathlib import Path
+import no_spark
+no_spark.install()
+from airflow_support import load_dag, task_states
+dag_run = load_dag(Path(sys.argv[1])).test()
+print("DAG RESULT", json.dumps({"states": task_states(dag_run), "run_id": dag_run.run_id,
+                                "dag_id": dag_run.dag_id}))
+"""
+
+
+def dag_test_on_airflow_host(path: Path) -> tuple[dict[str, str], Any]:
+    """``dag.test()`` of the DAG file at ``path`` in a Python like an Airflow host's, where
+    pyspark, delta-spark, deltalake, obstore, pyarrow, pandas and numpy cannot be imported
+    (tests/support/no_spark.py): its task states and a handle for :func:`xcom`."""
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    here = Path(__file__).resolve().parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(here), str(here.parent / "support"), str(REPO)])}
+    done = subprocess.run([sys.executable, "-c", _ON_AIRFLOW_HOST, str(path)], env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    [line] = [line for line in done.stdout.splitlines() if line.startswith("DAG RESULT ")]
+    result = json.loads(line.removeprefix("DAG RESULT "))
+    return result["states"], SimpleNamespace(run_id=result["run_id"], dag_id=result["dag_id"])
