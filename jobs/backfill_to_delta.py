@@ -2,7 +2,7 @@
 ``js-etl backfill`` (the work is in the packaged :mod:`js_etl.jobs.backfill`, which a wheel
 install has too).
 
-    spark-submit --master local[2] --jars "$(js-etl jars)" jobs/backfill_to_delta.py \
+    spark-submit --master local[2] $(js-etl spark-args) jobs/backfill_to_delta.py \
         --config conf/example.yaml (--from-seq N | --from-time T) [--to-seq M | --to-time U] \
         [--set KEY=VALUE ...] [--report-file PATH]
 

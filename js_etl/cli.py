@@ -17,6 +17,8 @@ line saying why; the last stdout line of a success is the run report as JSON.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import logging
 import os
 import shlex
@@ -61,7 +63,8 @@ def _parser() -> argparse.ArgumentParser:
 
     drain = commands.add_parser("drain", help="drain the consumer into the Delta table")
     with_config(drain)
-    drain.add_argument("--report-file", help="also write the JSON run report here")
+    drain.add_argument("--report-file", help="also write the JSON run report (or the failure) "
+                       "here: a path, or a URI Spark reaches (hdfs://, s3a://, file://)")
 
     status = commands.add_parser("status", help="show stream and consumer state")
     with_config(status)
@@ -78,7 +81,8 @@ def _parser() -> argparse.ArgumentParser:
     end.add_argument("--to-seq", type=_sequence, metavar="M",
                      help="last stream sequence (default: the stream's last at start)")
     end.add_argument("--to-time", metavar="U", help="last message stored at or before U")
-    backfill.add_argument("--report-file", help="also write the JSON run report here")
+    backfill.add_argument("--report-file", help="also write the JSON run report (or the "
+                          "failure) here: a path, or a URI Spark reaches")
 
     rewind = commands.add_parser(
         "rewind", help="move the durable consumer so its next delivery is --to-seq (asks first)")
@@ -136,15 +140,20 @@ def main(argv: Sequence[str] | None = None, *, spark_submit: bool = False) -> in
                         messages=args.messages, keep=args.keep)
     except JsEtlError as e:
         _traceback_if(args.verbose)
-        print(f"js-etl: {type(e).__name__}: {e}", file=sys.stderr)
-        return e.exit_code
+        reason, exit_code = f"{type(e).__name__}: {e}", e.exit_code
     except Exception as e:  # a Spark failure wraps our error from the executors; unwrap it
         from js_etl.spark.failures import failure_reason
 
         _traceback_if(args.verbose)
         reason, exit_code = failure_reason(e)
-        print(f"js-etl: {reason}", file=sys.stderr)
-        return exit_code
+    print(f"js-etl: {reason}", file=sys.stderr)
+    if getattr(args, "report_file", None):
+        # A driver in cluster deploy mode has no output the operator sees: the reason travels
+        # where the report would have.
+        with contextlib.suppress(Exception):
+            _write_report(json.dumps({"error": f"js-etl: {reason}", "exit_code": exit_code}),
+                          args.report_file)
+    return exit_code
 
 
 def _traceback_if(verbose: bool) -> None:
@@ -200,9 +209,26 @@ def _emit(report: RunReport, report_file: str | None) -> int:
     """The report as JSON: to ``--report-file`` and as the last stdout line."""
     text = report.to_json()
     if report_file:
-        Path(report_file).write_text(text + "\n")
+        _write_report(text, report_file)
     print(text, flush=True)
     return 0
+
+
+def _write_report(text: str, location: str) -> None:
+    """``text`` into the file at ``location``: a local path, a ``file://`` URI, or a URI of a
+    store Spark's Hadoop file systems reach (``hdfs://``, ``s3a://`` …) — where a driver in
+    cluster deploy mode leaves its report for the operator."""
+    if "://" not in location or location.startswith("file://"):
+        Path(location.removeprefix("file://")).write_text(text + "\n")
+        return
+    from js_etl.spark.session import hadoop_path, pyspark_session
+
+    path, fs = hadoop_path(pyspark_session().builder.getOrCreate(), location)
+    out = fs.create(path, True)
+    try:
+        out.write(bytearray((text + "\n").encode()))
+    finally:
+        out.close()
 
 
 def _sequence(text: str) -> int:

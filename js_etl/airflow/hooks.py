@@ -10,6 +10,9 @@ never disagree about how a connection is read:
 * :meth:`JetStreamHook.job_environment` — ``JS_ETL__NATS__*`` variables for the spark-submit child
   process. Secrets travel as the *values* of two variables the config names
   (``nats.token_env``/``nats.password_env``), never on a command line and never in the YAML.
+* :meth:`JetStreamHook.cluster_handoff` — the same for a driver in cluster deploy mode, which
+  gets no environment from the worker: ``--set`` items and files shipped beside the driver,
+  the secrets in files.
 
 Connection fields (``conn_type: nats``):
 
@@ -28,8 +31,9 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
@@ -136,28 +140,39 @@ def _resolve(conn_id: str, conn: Connection, extra: Mapping[str, Any]) -> _Resol
     return _Resolved(config, secrets)
 
 
+def _settings(section: Any, path: tuple[str, ...] = ("nats",)
+              ) -> Iterator[tuple[tuple[str, ...], str]]:
+    """Every key of a config section, defaults included, with its value as the config reads
+    it from an environment variable or ``--set``: the connection owns the whole ``nats``
+    section, so a YAML's own nats settings never mix with the connection's (e.g. a creds_file
+    left in the YAML next to the connection's token). ``null`` resets a key."""
+    for f in fields(section):
+        value = getattr(section, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from _settings(value, (*path, f.name))
+        elif value is None:
+            yield (*path, f.name), "null"
+        else:
+            yield (*path, f.name), ",".join(value) if isinstance(value, list) else str(value)
+
+
 def _job_environment(resolved: _Resolved) -> dict[str, str]:
-    """Every ``nats.*`` key as a ``JS_ETL__NATS__*`` variable, defaults included: the connection
-    owns the whole section, so a YAML's own nats settings never mix with the connection's (e.g.
-    a creds_file left in the YAML next to the connection's token). ``null`` resets a key."""
-    env: dict[str, str] = {}
-
-    def put(section: Any, prefix: str) -> None:
-        for f in fields(section):
-            value = getattr(section, f.name)
-            name = f"{prefix}__{f.name.upper()}"
-            if dataclasses.is_dataclass(value):
-                put(value, name)
-            elif value is None:
-                env[name] = "null"
-            elif isinstance(value, list):
-                env[name] = ",".join(value)
-            else:
-                env[name] = str(value)
-
-    put(resolved.config, f"{ENV_PREFIX}NATS")
+    """Every ``nats.*`` key as a ``JS_ETL__NATS__*`` variable, plus the secrets' variables."""
+    env = {ENV_PREFIX + "__".join(key).upper(): value
+           for key, value in _settings(resolved.config)}
     env.update(resolved.secrets)
     return env
+
+
+@dataclass(frozen=True)
+class ClusterHandoff:
+    """A connection handed to a driver that runs elsewhere (cluster deploy mode): every
+    ``nats`` key as a ``--set`` item, none of them secret, and the files spark-submit ships
+    beside the driver (``--files local#name``): the token or password written to a file, and
+    the connection's credential and TLS files."""
+
+    overrides: tuple[str, ...]
+    files: tuple[str, ...]
 
 
 class JetStreamHook(BaseHook):
@@ -241,6 +256,41 @@ class JetStreamHook(BaseHook):
         ``nats.token_env`` / ``nats.password_env``.
         """
         return _job_environment(self._resolved())
+
+    def cluster_handoff(self, folder: Path) -> ClusterHandoff:
+        """This connection for a driver in cluster deploy mode, the secret values written into
+        ``folder`` (mode 0600; remove it once spark-submit has uploaded them). A file the
+        connection names travels under a fixed name (``js-etl-nats-*``), which the driver opens
+        in its working directory, where YARN puts ``--files``."""
+        resolved = self._resolved()
+        config = resolved.config
+        files: list[str] = []
+
+        def ship(local: str | Path | None, name: str) -> str | None:
+            if local is None:
+                return None
+            files.append(f"{local}#{name}")
+            return name
+
+        def secret(env: str | None, name: str) -> str | None:
+            if env is None:
+                return None
+            path = folder / name
+            path.touch(mode=0o600)
+            path.write_text(resolved.secrets[env])
+            return ship(path, name)
+
+        tls = dataclasses.replace(config.tls, **{
+            key: ship(getattr(config.tls, key), f"js-etl-nats-tls-{key}")
+            for key in ("ca_file", "cert_file", "key_file")})
+        shipped = dataclasses.replace(
+            config, tls=tls, token_env=None, password_env=None,
+            token_file=secret(config.token_env, "js-etl-nats-token"),
+            password_file=secret(config.password_env, "js-etl-nats-password"),
+            creds_file=ship(config.creds_file, "js-etl-nats-creds"),
+            nkey_seed_file=ship(config.nkey_seed_file, "js-etl-nats-nkey-seed"))
+        return ClusterHandoff(tuple(f"{'.'.join(key)}={value}"
+                                    for key, value in _settings(shipped)), tuple(files))
 
     def get_conn(self) -> JetStreamSession:
         """An open :class:`~js_etl.jetstream.JetStreamSession`; close it (a context manager)."""

@@ -23,6 +23,7 @@ import json
 import os
 import sys
 import tempfile
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args
@@ -51,6 +52,8 @@ Job = Literal["drain", "backfill"]
 # The packaged job scripts (js_etl/jobs/) of the installed js_etl, from a wheel or a checkout.
 JOBS_DIR = Path(js_etl.jobs.__file__).resolve().parent
 JOB_SCRIPTS: dict[str, str] = {"drain": "drain.py", "backfill": "backfill.py"}
+# The job's config beside a driver in cluster deploy mode (shipped with --files).
+CLUSTER_CONFIG_NAME = "js-etl-job.yaml"
 EXIT_MEANINGS = {
     2: "terminal: fix something first, not retried",
     73: "refused: another run holds the consumer",
@@ -83,6 +86,14 @@ class _JobSubmitHook(SparkSubmitHook):
     @property
     def master(self) -> str:
         return str(self._connection["master"])
+
+    @property
+    def deploy_mode(self) -> str:
+        return str(self._connection.get("deploy_mode") or "client")
+
+    def ship(self, files: Sequence[str]) -> None:
+        """Add ``files`` (``path#name``) to ``--files``."""
+        self._files = ",".join([*filter(None, [self._files]), *files])
 
     @property
     def returncode(self) -> int | None:
@@ -216,7 +227,7 @@ class JetStreamToDeltaOperator(BaseOperator):
 
     template_fields: Sequence[str] = ("config_path", "overrides", "job_args", "env_vars", "conf",
                                       "master", "application", "jars", "nats_conn_id",
-                                      "spark_conn_id")
+                                      "spark_conn_id", "report_dir")
     template_fields_renderers: ClassVar[dict[str, str]] = {
         "overrides": "json", "job_args": "json", "env_vars": "json", "conf": "json"}
     ui_color = "#c9e4f6"
@@ -243,6 +254,8 @@ class JetStreamToDeltaOperator(BaseOperator):
         openlineage_inject_transport_info: bool | None = None,
         spark_log_level: str | None = "WARN",
         skip_when_empty: bool = True,
+        report_dir: str | None = None,
+        report_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         if job not in JOB_SCRIPTS:
@@ -278,6 +291,8 @@ class JetStreamToDeltaOperator(BaseOperator):
                              f"or None (Spark's own logging), got {spark_log_level!r}")
         self.spark_log_level = spark_log_level
         self.skip_when_empty = bool(skip_when_empty)
+        self.report_dir = report_dir
+        self.report_conn_id = report_conn_id
         self._hook: _JobSubmitHook | None = None
         self._config: JobConfig | None = None  # the run's config, loaded by execute
         self._report: dict[str, Any] | None = None
@@ -306,25 +321,12 @@ class JetStreamToDeltaOperator(BaseOperator):
             self._report = report
             return report
         application = self._application()
-        report_dir = tempfile.mkdtemp(prefix="js-etl-report-")
-        report_file = os.path.join(report_dir, "report.json")
-        args = self._job_arguments(config_path, overrides, report_file)
         ti = context["ti"]
         name = f"js-etl-{self.job}-{ti.dag_id}.{ti.task_id}"
-        hook = self._submit_hook(args, job_env, user_env, name=name,
-                                 conf=self._spark_conf(context), config=config)
-        self._hook = hook
-        try:
-            try:
-                hook.submit(application)
-            except AirflowException as e:
-                # The provider's error repeats the command and the output already logged
-                # above: the task's failure is the job's one line (or names that output).
-                raise self._failure(hook, e) from None
-            report = _read_report(report_file, hook.report_line)
-        finally:
-            self._hook = None
-            _remove(report_file, report_dir)
+        hook = self._submit_hook(job_env, user_env, name=name, conf=self._spark_conf(context),
+                                 config=config)
+        with tempfile.TemporaryDirectory(prefix="js-etl-") as local:
+            report = self._run(hook, application, config_path, overrides, Path(local))
         self.log.info("js-etl %s into %s:\n%s", self.job, report.get("target"),
                       summary_table(report))
         self._record_asset_events(context, config, report)
@@ -396,9 +398,46 @@ class JetStreamToDeltaOperator(BaseOperator):
 
         return operator_lineage(self._config, self._config.nats.servers, self._report)
 
-    def _submit_hook(self, args: list[str], job_env: Mapping[str, str],
-                     user_env: Mapping[str, str], *, name: str,
-                     conf: Mapping[str, Any] | None = None,
+    def _run(self, hook: _JobSubmitHook, application: str, config_path: str,
+             overrides: Sequence[str], local: Path) -> dict[str, Any]:
+        """spark-submit the job and read its report. In client deploy mode the driver runs
+        here: the report is a file in ``local``, the connection is in the process's
+        environment. In cluster mode the driver runs on the cluster, which has neither: the
+        connection and the config travel as ``--set`` items and ``--files`` (the secrets in
+        files, :meth:`JetStreamHook.cluster_handoff`), the report as a file in ``report_dir``."""
+        if hook.deploy_mode == "cluster":
+            if not self.report_dir:
+                raise AirflowFailException(
+                    "cluster deploy mode needs report_dir: a folder this worker and the "
+                    "cluster's driver both reach (s3://…, hdfs://…, or file:// on a shared "
+                    "mount), where the job leaves its run report for this task")
+            report_at = f"{self.report_dir.rstrip('/')}/js-etl-report-{uuid.uuid4().hex}.json"
+            handoff = JetStreamHook(self.nats_conn_id).cluster_handoff(local)
+            hook.ship([*handoff.files, f"{config_path}#{CLUSTER_CONFIG_NAME}"])
+            hook._process_env = {}  # nothing of the connection reaches that driver this way
+            args = self._job_arguments(CLUSTER_CONFIG_NAME, [*overrides, *handoff.overrides],
+                                       report_at)
+        else:
+            report_at = str(local / "report.json")
+            args = self._job_arguments(config_path, overrides, report_at)
+        hook._application_args = args
+        self._hook = hook
+        try:
+            try:
+                hook.submit(application)
+            except AirflowException as e:
+                # The provider's error repeats the command and the output already logged
+                # above: the task's failure is the job's one line (or names that output).
+                raise self._failure(hook, e, _read_outcome(report_at, self.report_conn_id)
+                                    ) from None
+            return _read_report(_read_outcome(report_at, self.report_conn_id), hook.report_line)
+        finally:
+            self._hook = None
+            if report_at.startswith(self.report_dir or "\0"):
+                _remove_outcome(report_at, self.report_conn_id)
+
+    def _submit_hook(self, job_env: Mapping[str, str], user_env: Mapping[str, str], *,
+                     name: str, conf: Mapping[str, Any] | None = None,
                      config: JobConfig | None = None) -> _JobSubmitHook:
         conf = dict(self.conf or {}) if conf is None else dict(conf)
         hook = _JobSubmitHook(
@@ -408,19 +447,10 @@ class JetStreamToDeltaOperator(BaseOperator):
             conf=conf,
             **self._delta(config, conf),
             name=name,
-            application_args=args,
             env_vars=dict(user_env) or None,
             spark_binary=self.spark_binary or default_spark_binary(),
             **self.spark_submit_kwargs,
         )
-        if hook._connection.get("deploy_mode") == "cluster":
-            # The driver must run here: it writes the report file this task reads, and gets the
-            # NATS credentials through spark-submit's own environment.
-            raise AirflowFailException(
-                "JetStreamToDeltaOperator needs client deploy mode (the driver on the worker: "
-                "its run report file and the NATS credentials in spark-submit's environment); "
-                f"the Spark connection {self.spark_conn_id!r} or spark_submit_kwargs ask for "
-                "cluster")
         if hook.master.startswith("local") and "PYSPARK_PYTHON" not in {**os.environ, **user_env}:
             # Driver and workers run this interpreter, which has js_etl
             # (docs/reference/spark-airflow-facts.md §3, case E).
@@ -462,8 +492,12 @@ class JetStreamToDeltaOperator(BaseOperator):
                 "packages": ",".join(artifacts.packages) or None,
                 "exclude_packages": ",".join(artifacts.excludes) or None}
 
-    def _failure(self, hook: _JobSubmitHook, error: AirflowException) -> AirflowException:
+    def _failure(self, hook: _JobSubmitHook, error: AirflowException,
+                 outcome: dict[str, Any] | None) -> AirflowException:
         code = hook.returncode
+        if hook.job_reason is None and outcome is not None and "error" in outcome:
+            # A driver on the cluster: its reason came back where its report would have.
+            hook.job_reason, code = str(outcome["error"]), int(outcome["exit_code"])
         if hook.job_reason is None:
             return AirflowException(
                 f"spark-submit exited with code {code} before the js-etl job gave a reason "
@@ -506,20 +540,33 @@ def _lineage_option(value: bool | None, option: str) -> bool:
     return conf.getboolean("openlineage", option, fallback=False)
 
 
-def _read_report(report_file: str, report_line: str | None) -> dict[str, Any]:
+def _report_path(location: str, conn_id: str | None) -> Any:
+    from airflow.sdk import ObjectStoragePath
+
+    return ObjectStoragePath(location if "://" in location else f"file://{location}",
+                             conn_id=conn_id)
+
+
+def _read_outcome(location: str, conn_id: str | None) -> dict[str, Any] | None:
+    """What the job left at ``location`` (a path, or a URI Airflow's object storage reads with
+    ``conn_id``): its run report, or its failure (``error``, ``exit_code``); None if nothing."""
     try:
-        with open(report_file, encoding="utf-8") as f:
-            return dict(json.load(f))
+        return dict(json.loads(_report_path(location, conn_id).read_text()))
     except FileNotFoundError:
-        if report_line:  # e.g. a driver that could not write the file: the line is the same
-            return dict(json.loads(report_line))
+        return None
     except (OSError, ValueError) as e:
-        raise AirflowException(f"cannot read the job's run report {report_file}: {e}") from e
+        raise AirflowException(f"cannot read the job's run report {location}: {e}") from e
+
+
+def _remove_outcome(location: str, conn_id: str | None) -> None:
+    with contextlib.suppress(Exception):
+        _report_path(location, conn_id).unlink()
+
+
+def _read_report(outcome: dict[str, Any] | None, report_line: str | None) -> dict[str, Any]:
+    if outcome is not None and "error" not in outcome:
+        return outcome
+    if report_line:  # e.g. a driver that could not write the file: the line is the same
+        return dict(json.loads(report_line))
     raise AirflowException("the job exited 0 but left no run report (neither the report file "
                            "nor a report line in its output); refusing to call that a success")
-
-
-def _remove(report_file: str, report_dir: str) -> None:
-    for remove, path in ((os.unlink, report_file), (os.rmdir, report_dir)):
-        with contextlib.suppress(OSError):
-            remove(path)

@@ -1,7 +1,7 @@
 """``spark-submit`` entry point of a backfill: the same job, config and flags as
 ``js-etl backfill``.
 
-    spark-submit --master local[2] --jars "$(js-etl jars)" \
+    spark-submit --master local[2] $(js-etl spark-args) \
         "$(python -c 'import js_etl.jobs.backfill as job; print(job.__file__)')" \
         --config conf/example.yaml (--from-seq N | --from-time T) [--to-seq M | --to-time U] \
         [--set KEY=VALUE ...] [--report-file PATH]

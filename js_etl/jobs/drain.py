@@ -1,6 +1,6 @@
 """``spark-submit`` entry point of the drain: the same job, config and flags as ``js-etl drain``.
 
-    spark-submit --master local[2] --jars "$(js-etl jars)" \
+    spark-submit --master local[2] $(js-etl spark-args) \
         "$(python -c 'import js_etl.jobs.drain as job; print(job.__file__)')" \
         --config conf/example.yaml [--set KEY=VALUE ...] [--report-file PATH]
 

@@ -138,7 +138,7 @@ def test_secrets_reach_spark_submit_by_environment_never_on_the_command_line(tok
     op = JetStreamToDeltaOperator(task_id="t", config_path=config, nats_conn_id="nats_test",
                                   master=master, env_vars={"EXTRA": "1"}, jars=["/a.jar"])
     job_env = JetStreamHook("nats_test").job_environment()
-    hook = op._submit_hook(["--config", str(config)], job_env, {"EXTRA": "1"}, name="n")
+    hook = op._submit_hook(job_env, {"EXTRA": "1"}, name="n")
     command = hook._build_spark_submit_command("jobs/drain_to_delta.py")
 
     assert command[:3] == [str(Path(sys.executable).with_name("spark-submit")), "--master",
@@ -443,7 +443,7 @@ def test_spark_log_level_defaults_to_warn_and_can_be_turned_back(tmp_path, names
 
     def spark_conf(**kwargs):
         op = JetStreamToDeltaOperator(task_id="t", config_path=config, **kwargs)
-        hook = op._submit_hook(["--config", str(config)], {}, {}, name="n", conf=op._spark_conf({}))
+        hook = op._submit_hook({}, {}, name="n", conf=op._spark_conf({}))
         command = hook._build_spark_submit_command("job.py")
         return [command[i + 1] for i, part in enumerate(command) if part == "--conf"]
 
@@ -534,19 +534,56 @@ def test_transport_injection_passes_an_http_transport_and_masks_its_key(tmp_path
     assert not any(k.startswith("spark.openlineage.") for k in off._spark_conf({}))
 
 
-def test_cluster_deploy_mode_is_refused_before_spark_submit(tmp_path, names):
-    """The driver must run on the worker (report file, NATS credentials in its environment):
-    what the README gives as the reason ResumableJobMixin does not apply."""
+def test_cluster_deploy_mode_hands_the_connection_over_in_files_never_on_the_command_line(
+        token_server, tmp_path, names, monkeypatch):
+    """The driver runs on the cluster, which gets no environment from the worker: the config
+    and the token go as --files (the token's file readable by its owner only), every nats key
+    as --set, the report comes back through report_dir; spark-submit's own environment holds
+    nothing of the connection. Without report_dir the task fails before spark-submit.
+    (tests/cluster/test_yarn.py runs this on a real YARN.)"""
+    import stat
+
     from airflow.sdk.exceptions import AirflowFailException
 
     from js_etl.airflow import JetStreamToDeltaOperator
+    from js_etl.airflow.operators import _JobSubmitHook
 
     config = write_config(tmp_path, names, tmp_path / "table")
-    op = JetStreamToDeltaOperator(task_id="t", config_path=config, master="spark://m:7077",
-                                  spark_submit_kwargs={"deploy_mode": "cluster"})
-    with pytest.raises(AirflowFailException, match="needs client deploy mode"):
-        op._submit_hook(["--config", str(config)], {}, {}, name="n")
-    client = JetStreamToDeltaOperator(task_id="t", config_path=config, master="spark://m:7077",
-                                      spark_submit_kwargs={"deploy_mode": "client"})
-    assert client._submit_hook(["--config", str(config)], {}, {}, name="n")._connection[
-        "deploy_mode"] == "client"
+    seen = {}
+
+    def submit(hook, application):
+        seen["command"] = hook._build_spark_submit_command(application)
+        seen["env"] = dict(hook._process_env)
+        seen["files"] = {name: Path(local).read_text() for local, name in (
+            item.split("#") for item in hook._files.split(","))}
+        seen["token_mode"] = stat.S_IMODE(Path(hook._files.split(",")[0].split("#")[0]
+                                               ).stat().st_mode)
+        report = hook._application_args[hook._application_args.index("--report-file") + 1]
+        Path(report.removeprefix("file://")).write_text('{"messages_written": 3}')
+
+    monkeypatch.setattr(_JobSubmitHook, "submit", submit)
+    cluster = {"deploy_mode": "cluster"}
+    op = JetStreamToDeltaOperator(task_id="t", config_path=config, nats_conn_id="nats_test",
+                                  master="yarn", spark_submit_kwargs=cluster,
+                                  report_dir=f"file://{tmp_path}", jars="")
+    hook = op._submit_hook({"JS_ETL_NATS_TOKEN": TOKEN}, {}, name="n")
+    (tmp_path / "local").mkdir()
+    report = op._run(hook, "drain.py", str(config), [], tmp_path / "local")
+
+    assert report == {"messages_written": 3}
+    assert not list(tmp_path.glob("js-etl-report-*.json"))  # read, then removed
+    command = seen["command"]
+    assert not any(TOKEN in part for part in command) and seen["env"] == {}
+    assert seen["files"]["js-etl-nats-token"] == TOKEN and seen["token_mode"] == 0o600
+    assert seen["files"]["js-etl-job.yaml"] == config.read_text()
+    args = command[command.index("drain.py") + 1:]
+    assert args[:2] == ["--config", "js-etl-job.yaml"]
+    assert {"nats.token_file=js-etl-nats-token", "nats.token_env=null",
+            f"nats.servers={token_server.url}"} <= {args[i + 1] for i, a in enumerate(args)
+                                                   if a == "--set"}
+
+    no_dir = JetStreamToDeltaOperator(task_id="t", config_path=config, master="yarn",
+                                      spark_submit_kwargs=cluster)
+    with pytest.raises(AirflowFailException, match="cluster deploy mode needs report_dir"):
+        no_dir._run(no_dir._submit_hook({}, {}, name="n"), "drain.py", str(config), [],
+                    tmp_path)

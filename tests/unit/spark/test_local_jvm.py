@@ -116,3 +116,17 @@ def test_js_etl_drain_starts_local_spark_for_the_writer_it_expects(monkeypatch, 
     with pytest.raises(Started) as started:
         cli._drain(on_s3, None, False)
     assert started.value.args == (False, columnar, True)
+
+
+def test_a_pyspark_of_another_line_than_deltas_jars_fails_in_one_line(monkeypatch):
+    import pyspark
+
+    from js_etl.errors import TerminalError
+    from js_etl.spark.session import pyspark_session
+
+    assert pyspark_session().__name__ == "SparkSession"
+    monkeypatch.setattr(pyspark, "__version__", "4.3.0")
+    with pytest.raises(TerminalError, match=r"^js-etl runs on Spark 4\.2\.x \(pyspark>=4\.2\.0,"
+                                            r"<4\.3\), the line of its Delta jars; this is "
+                                            r"pyspark 4\.3\.0$"):
+        pyspark_session()
