@@ -19,6 +19,7 @@ How the pieces meet:
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import sys
@@ -132,6 +133,16 @@ def default_spark_binary() -> str:
     one on PATH."""
     beside = Path(sys.executable).with_name("spark-submit")
     return str(beside) if beside.exists() else "spark-submit"
+
+
+def _pyspark_home() -> str | None:
+    """The Spark home of the ``spark-submit`` beside the running interpreter (pyspark's folder),
+    found without importing pyspark; None where that is not pyspark's."""
+    spec = importlib.util.find_spec("pyspark")
+    if not (spec and spec.origin and Path(sys.executable).with_name("spark-submit").exists()):
+        return None
+    home = Path(spec.origin).parent
+    return str(home) if (home / "bin" / "spark-class").exists() else None
 
 
 class RunReportLink(BaseOperatorLink):
@@ -414,7 +425,6 @@ class JetStreamToDeltaOperator(BaseOperator):
             report_at = f"{self.report_dir.rstrip('/')}/js-etl-report-{uuid.uuid4().hex}.json"
             handoff = JetStreamHook(self.nats_conn_id).cluster_handoff(local)
             hook.ship([*handoff.files, f"{config_path}#{CLUSTER_CONFIG_NAME}"])
-            hook._process_env = {}  # nothing of the connection reaches that driver this way
             args = self._job_arguments(CLUSTER_CONFIG_NAME, [*overrides, *handoff.overrides],
                                        report_at)
         else:
@@ -451,7 +461,14 @@ class JetStreamToDeltaOperator(BaseOperator):
             spark_binary=self.spark_binary or default_spark_binary(),
             **self.spark_submit_kwargs,
         )
-        if hook.master.startswith("local") and "PYSPARK_PYTHON" not in {**os.environ, **user_env}:
+        if hook.deploy_mode == "cluster":
+            hook._process_env = {}  # nothing of the connection reaches that driver this way
+        environ = {**os.environ, **user_env}
+        home = _pyspark_home()
+        if not self.spark_binary and home and "SPARK_HOME" not in environ:
+            # pyspark's spark-submit looks for its home with the `python3` of PATH otherwise.
+            hook._process_env["SPARK_HOME"] = home
+        if hook.master.startswith("local") and "PYSPARK_PYTHON" not in environ:
             # Driver and workers run this interpreter, which has js_etl
             # (docs/reference/spark-airflow-facts.md §3, case E).
             hook._process_env["PYSPARK_PYTHON"] = sys.executable

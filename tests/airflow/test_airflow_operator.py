@@ -573,7 +573,8 @@ def test_cluster_deploy_mode_hands_the_connection_over_in_files_never_on_the_com
     assert report == {"messages_written": 3}
     assert not list(tmp_path.glob("js-etl-report-*.json"))  # read, then removed
     command = seen["command"]
-    assert not any(TOKEN in part for part in command) and seen["env"] == {}
+    assert not any(TOKEN in part for part in command)
+    assert not any(k.startswith("JS_ETL") or TOKEN in v for k, v in seen["env"].items())
     assert seen["files"]["js-etl-nats-token"] == TOKEN and seen["token_mode"] == 0o600
     assert seen["files"]["js-etl-job.yaml"] == config.read_text()
     args = command[command.index("drain.py") + 1:]

@@ -1,0 +1,98 @@
+"""The operator in cluster deploy mode on a real YARN (Hadoop's MiniYARNCluster, tools/yarn.py):
+the driver runs in a YARN container, the NATS token reaches it as a file, the run report comes
+back through report_dir into XCom, and the token is on no command line — neither in the process
+table while the task runs nor in the launch context of any of the application's containers."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pyspark
+import pytest
+from airflow_support import TOKEN, load_dag, task_states, write_dag, xcom
+
+from js_etl.demo.publish import publish, wait_for_messages
+from tools.yarn import MiniYarn
+
+pytestmark = pytest.mark.filterwarnings("ignore::starlette.exceptions.StarletteDeprecationWarning")
+
+SPARK_HOME = Path(pyspark.__file__).parent
+
+
+@pytest.fixture(scope="module")
+def mini_yarn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MiniYarn]:
+    with MiniYarn(tmp_path_factory.mktemp("yarn")) as yarn:
+        yield yarn
+
+
+def command_lines_holding(secret: str, stop: threading.Event, seen: list[str]) -> None:
+    """Every process's command line, polled until ``stop``: those holding ``secret``."""
+    while not stop.is_set():
+        for proc in psutil.process_iter(["cmdline"]):
+            line = " ".join(proc.info["cmdline"] or [])
+            if secret in line:
+                seen.append(line)
+        stop.wait(0.1)
+
+
+def test_a_dag_drains_in_cluster_deploy_mode_on_yarn(mini_yarn, tjs, names, tmp_path,
+                                                     monkeypatch):
+    # The Airflow worker's environment: where its YARN is. pip's pyspark has no
+    # python/lib/pyspark.zip for spark-submit to ship; the containers' Python has pyspark.
+    for key, value in mini_yarn.environment().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("PYSPARK_ARCHIVES_PATH", "local:/nonexistent/pyspark.zip")
+    tjs.run(tjs.admin.add_stream(names.stream, [names.subject]))
+    tjs.run(publish(tjs.conn, [(f"{names.prefix}.e", b'{"id": %d}' % i) for i in range(40)]))
+    tjs.run(wait_for_messages(tjs.conn, names.stream, 40))
+    table, reports = tmp_path / "table", tmp_path / "reports"
+    reports.mkdir()
+    config = tmp_path / "job.yaml"
+    config.write_text(
+        f"source: {{stream: {names.stream}, consumer: {names.consumer}, create_consumer: true}}\n"
+        "fetch: {partitions: 2, batch: 100, pull_timeout: 2}\n"
+        f"target: {{path: '{table}'}}\n")
+    conf = {
+        "spark.yarn.jars": f"local:{SPARK_HOME}/jars/*",  # on every node: no upload
+        "spark.yarn.appMasterEnv.PYSPARK_PYTHON": sys.executable,
+        "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
+        "spark.driver.memory": "768m", "spark.executor.memory": "512m",
+        "spark.executor.instances": "1", "spark.executor.cores": "2",
+        "spark.sql.shuffle.partitions": "2", "spark.databricks.delta.snapshotPartitions": "2",
+    }
+    dag = load_dag(write_dag(f"yarn_{names.stream}", f"""
+        with DAG(DAG_ID, schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
+                 catchup=False) as dag:
+            JetStreamToDeltaOperator(
+                task_id="drain", config_path={str(config)!r}, nats_conn_id="nats_test",
+                master="yarn", spark_submit_kwargs={{"deploy_mode": "cluster"}},
+                report_dir={f"file://{reports}"!r}, conf={conf!r})
+        """))
+    stop, seen = threading.Event(), []
+    watcher = threading.Thread(target=command_lines_holding, args=(TOKEN, stop, seen))
+    watcher.start()
+    try:
+        dag_run = dag.test()
+    finally:
+        stop.set()
+        watcher.join()
+
+    assert task_states(dag_run) == {"drain": "success"}
+    report = xcom(dag_run, "drain")
+    assert (report["messages_written"], report["stopped_because"]) == (40, "drained")
+    assert not list(reports.iterdir())  # read back, then removed
+    (app,) = [a for a in mini_yarn.apps() if a["name"].endswith(f"yarn_{names.stream}.drain")]
+    assert app["finalStatus"] == "SUCCEEDED"
+    scripts = mini_yarn.launch_scripts(app["id"])
+    assert any("org.apache.spark.deploy.yarn.ApplicationMaster" in s for s in scripts)
+    assert not [s for s in scripts if TOKEN in s]
+    assert seen == []
+
+    from deltalake import DeltaTable  # an independent reader of what the driver committed
+
+    seqs = DeltaTable(str(table)).to_pyarrow_table(columns=["seq"]).column("seq").to_pylist()
+    assert sorted(seqs) == list(range(1, 41))
