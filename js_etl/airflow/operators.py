@@ -401,12 +401,13 @@ class JetStreamToDeltaOperator(BaseOperator):
     # config, which execute reads. No get_openlineage_facets_on_start: the listener asks for it
     # before execute, in a forked process, where it could only read the config a second time.
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        from js_etl.airflow.lineage import OperatorLineage, operator_lineage
+
         if self._config is None:
             # The task failed before execute loaded the config (a bad connection, a bad config):
-            # no datasets, rather than a read of a config this run never used.
-            return None
-        from js_etl.airflow.lineage import operator_lineage
-
+            # no datasets, rather than a read of a config this run never used (and no None,
+            # which OpenLineage logs a warning about).
+            return OperatorLineage()
         return operator_lineage(self._config, self._config.nats.servers, self._report)
 
     def _run(self, hook: _JobSubmitHook, application: str, config_path: str,
@@ -464,9 +465,8 @@ class JetStreamToDeltaOperator(BaseOperator):
         if hook.deploy_mode == "cluster":
             hook._process_env = {}  # nothing of the connection reaches that driver this way
         environ = {**os.environ, **user_env}
-        home = _pyspark_home()
-        if not self.spark_binary and home and "SPARK_HOME" not in environ:
-            # pyspark's spark-submit looks for its home with the `python3` of PATH otherwise.
+        home = None if self.spark_binary or "SPARK_HOME" in environ else _pyspark_home()
+        if home:  # pyspark's spark-submit looks for its home with the `python3` of PATH otherwise
             hook._process_env["SPARK_HOME"] = home
         if hook.master.startswith("local") and "PYSPARK_PYTHON" not in environ:
             # Driver and workers run this interpreter, which has js_etl

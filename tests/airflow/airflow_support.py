@@ -129,7 +129,8 @@ print("DAG RESULT", json.dumps({"states": task_states(dag_run), "run_id": dag_ru
 def dag_test_on_airflow_host(path: Path) -> tuple[dict[str, str], Any]:
     """``dag.test()`` of the DAG file at ``path`` in a Python like an Airflow host's, where
     pyspark, delta-spark, deltalake, obstore, pyarrow, pandas and numpy cannot be imported
-    (tests/support/no_spark.py): its task states and a handle for :func:`xcom`."""
+    (tests/support/no_spark.py): its task states and a handle for :func:`xcom` (with the
+    run's ``log``)."""
     import subprocess
     import sys
     from types import SimpleNamespace
@@ -142,4 +143,5 @@ def dag_test_on_airflow_host(path: Path) -> tuple[dict[str, str], Any]:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     [line] = [line for line in done.stdout.splitlines() if line.startswith("DAG RESULT ")]
     result = json.loads(line.removeprefix("DAG RESULT "))
-    return result["states"], SimpleNamespace(run_id=result["run_id"], dag_id=result["dag_id"])
+    return result["states"], SimpleNamespace(run_id=result["run_id"], dag_id=result["dag_id"],
+                                             log=done.stdout + done.stderr)

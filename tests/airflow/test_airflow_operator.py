@@ -345,12 +345,13 @@ def test_a_drain_is_checked_before_spark_submit_and_not_submitted_when_empty(tjs
             drain("empty_anyway", overrides={{"source.consumer": "{names.consumer}_new"}},
                   skip_when_empty=False)
             drain("missing", overrides={{"source.stream": "NOPE_{names.stream}"}})
+            drain("bad_config", overrides={{"fetch.batch": 0}})
             drain("pending")
         """)
     states, dag_run = dag_test_on_airflow_host(dag)
 
     assert states == {"empty": "success", "empty_anyway": "failed", "missing": "failed",
-                      "pending": "failed"}
+                      "bad_config": "failed", "pending": "failed"}
     report = xcom(dag_run, "empty")
     assert (report["stopped_because"], report["messages_written"], report["writer"],
             report["consumer"]) == ("nothing_pending", 0, "none", f"{names.consumer}_new")
@@ -359,6 +360,10 @@ def test_a_drain_is_checked_before_spark_submit_and_not_submitted_when_empty(tjs
     assert failed["missing"]["message"].startswith(
         f"js-etl: StreamNotFoundError: stream 'NOPE_{names.stream}' not found: check "
         "source.stream")
+    assert failed["bad_config"]["type"] == "AirflowFailException"
+    # A task that failed before it read its config has no lineage, and OpenLineage says nothing.
+    assert not [line for line in dag_run.log.splitlines()
+                if "openlineage" in line.lower() and "warn" in line.lower()]
     for submitted in ("empty_anyway", "pending"):  # spark-submit was tried
         assert "/nonexistent/spark-submit" in failed[submitted]["message"], failed[submitted]
 
@@ -489,7 +494,8 @@ def test_lineage_is_that_of_the_config_execute_loaded_and_costs_no_read(tmp_path
                                   nats_conn_id="nats_never_defined")
     with pytest.raises(AirflowFailException, match="nats_never_defined"):
         op.execute({})
-    assert op.get_openlineage_facets_on_complete(None) is None
+    lineage = op.get_openlineage_facets_on_complete(None)
+    assert (lineage.inputs, lineage.outputs) == ([], [])
     assert not hasattr(op, "get_openlineage_facets_on_start")  # it would run before execute
     assert not reads.exists()
 
