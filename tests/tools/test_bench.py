@@ -311,12 +311,19 @@ def test_the_fallback_reader_counts_a_raw_table_by_its_sequences(tmp_path):
 
 
 def test_the_performance_page_is_the_rendering_of_the_last_results_file():
-    """docs/performance.md is generated (tools/bench/page.py) from docs/performance.json, the
-    results of `make bench`: no figure on it is typed by hand, and it cannot drift from them."""
-    from tools.bench.page import PAGE, RESULTS, render
+    """docs/performance.md and its charts are generated (tools/bench/page.py) from
+    docs/performance.json, the results of `make bench`: no figure on them is typed by hand, and
+    they cannot drift from them."""
+    from tools.bench.page import CHARTS, PAGE, RESULTS, charts, render
 
     result = json.loads(RESULTS.read_text())
-    assert PAGE.read_text() == render(result)
+    page = render(result)
+    assert PAGE.read_text() == page
+    svgs = charts(result)
+    assert sorted(path.name for path in CHARTS.iterdir()) == sorted(svgs)  # none stale either
+    for name, svg in svgs.items():
+        assert (CHARTS / name).read_text() == svg, name
+        assert f"]({CHARTS.name}/{name})" in page  # embedded, relative to the page
     assert result["ok"] and len(result["workloads"]) == 8  # local and S3, flat and rich, 2 sizes
 
 
@@ -336,3 +343,49 @@ def test_the_performance_page_marks_a_missed_target():
                              "cpu_targets": {"js_etl_vs_simple_peer": 1.0}}]}
     (row,) = [line for line in render(result).splitlines() if line.startswith("| local")]
     assert "| 1.10 (≥ 1.2: **not met**) |" in row and "| 1.00 (≥ 1: met) |" in row, row
+
+
+def test_the_performance_charts_have_a_labelled_bar_per_leg_and_skip_a_missing_one():
+    """Each chart is one group per workload, by payload size, the peer's bar above js-etl's,
+    each bar as long as its value on the axis and labelled with it; a leg a workload lacks has
+    no bar, one that failed verification is marked as in the table."""
+    import re
+    import xml.etree.ElementTree as ET
+
+    from tools.bench.page import _ticks, charts
+
+    def leg(msg_per_s: int, msg_per_cpu_s: int, verified: bool = True) -> dict:
+        return {"verified": verified, "msg_per_s": msg_per_s, "msg_per_cpu_s": msg_per_cpu_s}
+
+    result = {"workloads": [
+        {"target": "local", "schema": "flat", "size": 4096,
+         "legs": {"simple_peer": leg(10_000, 5_000), "js_etl": leg(30_000, 6_000)}},
+        {"target": "s3", "schema": "rich", "size": 256,
+         "legs": {"js_etl": leg(40_000, 8_000)}},  # no peer leg
+        {"target": "s3", "schema": "flat", "size": 256,
+         "legs": {"simple_peer": leg(20_000, 7_000, verified=False),
+                  "js_etl": leg(35_000, 9_000)}}]}
+    svgs = charts(result)
+    assert sorted(svgs) == ["msg_per_cpu_s.svg", "msg_per_s.svg"]
+    assert charts(result) == svgs  # deterministic
+    ns = {"svg": "http://www.w3.org/2000/svg"}
+    root = ET.fromstring(svgs["msg_per_s.svg"])
+    texts = [t.text for t in root.iterfind(".//svg:text", ns)]
+    assert texts[0] == "Messages per second" and texts[1:3] == ["simple peer", "js-etl"]
+    # By payload size, then the file's order; "FAILED" for the peer that failed verification.
+    assert [t for t in texts if t and t[0].isalpha()][3:] == [
+        "s3 rich 256 B", "s3 flat 256 B", "FAILED", "local flat 4 KiB"]
+    assert [t for t in texts if re.fullmatch(r"[\d,]+", t or "")][:5] == [
+        "40,000", "35,000", "10,000", "30,000", "0"]  # the bars' labels, then the axis'
+    assert _ticks(40_000) == [0, 10_000, 20_000, 30_000, 40_000]
+    # The bars (the legend's swatches are 12 px high): the missing and the failed leg have none;
+    # each as long as its value at the axis' scale (480 px for 40,000).
+    bars = [r for r in root.iterfind("svg:rect", ns) if r.get("height") == "14"]
+    assert [(r.get("fill"), float(r.get("width"))) for r in bars] == [
+        ("#3f51b5", 480), ("#3f51b5", 420), ("#9e9e9e", 120), ("#3f51b5", 360)]
+    cpu = ET.fromstring(svgs["msg_per_cpu_s.svg"])
+    assert "9,000" in [t.text for t in cpu.iterfind(".//svg:text", ns)]
+    # A workload with no leg at all, or legs without the figure, draws an empty chart.
+    empty = charts({"workloads": [{"target": "local", "schema": "flat", "size": 256,
+                                   "legs": {"js_etl": {"verified": True}}}]})
+    assert all('height="14"' not in svg for svg in empty.values())

@@ -1,18 +1,27 @@
 """The performance page (``docs/performance.md``), rendered from the results file of the last
 ``make bench`` (``docs/performance.json``, the bench's ``--json`` output): nothing on the page is
-typed by hand, so its figures are always the file's. ``python -m tools.bench.page`` writes it;
-tests/tools/test_bench.py checks that the page in the repository is the file's rendering."""
+typed by hand, so its figures are always the file's. Its two bar charts (``docs/performance/``,
+SVG written here) are rendered from the same file. ``python -m tools.bench.page`` writes the page
+and the charts; tests/tools/test_bench.py checks that those in the repository are the file's
+rendering."""
 
 from __future__ import annotations
 
 import json
+import math
 import sys
+from html import escape
 from pathlib import Path
 from typing import Any
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 RESULTS = DOCS / "performance.json"
 PAGE = DOCS / "performance.md"
+CHARTS = DOCS / "performance"  # beside the page: site/performance/ holds both
+# Each chart: its file in CHARTS, the figure of each leg it shows, its title.
+_CHARTS = (("msg_per_s.svg", "msg_per_s", "Messages per second"),
+           ("msg_per_cpu_s.svg", "msg_per_cpu_s", "Messages per CPU-second"))
+_BARS = (("simple_peer", "simple peer", "#9e9e9e"), ("js_etl", "js-etl", "#3f51b5"))
 _VERSIONS = ("nats-server", "nats-py", "pyspark", "delta-spark", "deltalake", "pyarrow")
 
 
@@ -51,7 +60,12 @@ def render(result: dict[str, Any]) -> str:
             f"| {_rate(peer, 'msg_per_cpu_s')} | {_rate(ours, 'msg_per_cpu_s')} "
             f"| {_verdict(w['cpu_ratios'].get('js_etl_vs_simple_peer'), w.get('cpu_targets'))} "
             f"| {ours.get('writer', '–')} |")
-    lines += ["", "Schemas (`decode.schema` of the drain; the peer declares the same Arrow "
+    lines += ["", "The same figures as bar charts, one group per workload (table, schema, payload "
+              "size), by payload size: the peer's bar above js-etl's.", ""]
+    for name, _, title in _CHARTS:
+        lines += [f"![{title} of the simple peer and of js-etl, for each workload (the "
+                  f"table's figures)]({CHARTS.name}/{name})", ""]
+    lines += ["Schemas (`decode.schema` of the drain; the peer declares the same Arrow "
               "types):", ""]
     lines += [f"- **{name}**: `{ddl}`" for name, ddl in s["decode_schemas"].items()]
     failed = result.get("failed_legs") or []
@@ -79,9 +93,110 @@ def _verdict(value: float | None, targets: dict[str, float] | None) -> str:
     return f"{value:.2f} (≥ {target:g}: {'met' if value >= target else '**not met**'})"
 
 
+def charts(result: dict[str, Any]) -> dict[str, str]:
+    """The charts of the page, by file name in CHARTS: each an SVG document."""
+    return {name: chart(result, key, title) for name, key, title in _CHARTS}
+
+
+# The layout, in px: the group labels left of the plot, the value labels right of it.
+_WIDTH, _PLOT_LEFT, _PLOT_RIGHT, _PLOT_TOP = 720, 160, 640, 72
+_BAR, _BAR_GAP, _GROUP_GAP, _SIZE_GAP = 14, 2, 12, 10
+_TEXT, _MUTED, _GRID = "#212121", "#616161", "#e0e0e0"
+
+
+def chart(result: dict[str, Any], key: str, title: str) -> str:
+    """A horizontal grouped bar chart of each leg's ``key``: one group per workload, by payload
+    size (then in the file's order), one bar per leg of _BARS labelled with its value. A leg
+    missing from a workload, or without the figure, has no bar; one that failed verification
+    has "FAILED" in its place, as in the table. Dark on its own light background: the same on
+    the site's light and dark palettes."""
+    workloads = sorted(result["workloads"], key=lambda w: w["size"])
+    legs = [[w["legs"].get(leg_key) or {} for leg_key, _, _ in _BARS] for w in workloads]
+    values = [leg[key] for group in legs for leg in group
+              if leg.get("verified") and leg.get(key) is not None]
+    ticks = _ticks(max(values, default=0))
+    scale = (_PLOT_RIGHT - _PLOT_LEFT) / ticks[-1]
+    rows = len(_BARS) * (_BAR + _BAR_GAP) - _BAR_GAP  # one group's height
+    bars: list[str] = []
+    y: float = _PLOT_TOP
+    for i, (w, group) in enumerate(zip(workloads, legs, strict=True)):
+        if i and w["size"] != workloads[i - 1]["size"]:  # a rule between payload sizes
+            rule = y + _SIZE_GAP / 2 - _GROUP_GAP / 2
+            bars.append(_line(8, rule, _WIDTH - 8, rule, _GRID))
+            y += _SIZE_GAP
+        bars.append(_text(_PLOT_LEFT - 8, y + rows / 2,
+                          f"{w['target']} {w['schema']} {_size(w['size'])}", anchor="end"))
+        for n, (leg, (_, _, color)) in enumerate(zip(group, _BARS, strict=True)):
+            top = y + n * (_BAR + _BAR_GAP)
+            if leg and not leg.get("verified"):
+                bars.append(_text(_PLOT_LEFT + 4, top + _BAR / 2, "FAILED", size=11))
+            elif leg and leg.get(key) is not None:
+                width = leg[key] * scale
+                bars.append(f'<rect x="{_PLOT_LEFT}" y="{_num(top)}" width="{_num(width)}" '
+                            f'height="{_BAR}" fill="{color}"/>')
+                bars.append(_text(_PLOT_LEFT + width + 4, top + _BAR / 2, f"{leg[key]:,}",
+                                  size=11))
+        y += rows + _GROUP_GAP
+    bottom = y - _GROUP_GAP / 2
+    grid, axis = [], [_line(_PLOT_LEFT, bottom, _PLOT_RIGHT, bottom, _MUTED)]
+    for tick in ticks:
+        x = _PLOT_LEFT + tick * scale
+        grid.append(_line(x, _PLOT_TOP - 6, x, bottom, _MUTED if tick == 0 else _GRID))
+        axis.append(_line(x, bottom, x, bottom + 4, _MUTED))
+        axis.append(_text(x, bottom + 14, f"{tick:,}", size=11, color=_MUTED, anchor="middle"))
+    legend, x = [], _PLOT_LEFT
+    for _, name, color in _BARS:
+        legend.append(f'<rect x="{x}" y="40" width="12" height="12" fill="{color}"/>')
+        legend.append(_text(x + 17, 46, name))
+        x += 17 + 7 * len(name) + 20  # swatch, name (~7 px a character), space
+    height = _num(bottom + 30)
+    return "\n".join([
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" height="{height}" '
+        f'viewBox="0 0 {_WIDTH} {height}" role="img" font-size="12" '
+        "font-family=\"Roboto, system-ui, -apple-system, 'Segoe UI', sans-serif\">",
+        f"<title>{escape(title)} of the simple peer and of js-etl, by workload</title>",
+        f'<rect width="{_WIDTH}" height="{height}" rx="6" fill="#ffffff" stroke="#d0d0d0"/>',
+        _text(_PLOT_LEFT, 22, title, size=15, weight="bold"),
+        *legend, *grid, *bars, *axis, "</svg>"]) + "\n"
+
+
+def _ticks(top: float) -> list[float]:
+    """0 and round steps (1, 2, 2.5 or 5 times a power of ten, about four) up to ``top`` or
+    just past it."""
+    if top <= 0:
+        return [0, 1]
+    power = 10 ** math.floor(math.log10(top / 4))
+    step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= top / 4)
+    ticks = [round(i * step, 9) for i in range(math.ceil(top / step) + 1)]
+    return [int(t) if t == int(t) else t for t in ticks]
+
+
+def _num(value: float) -> str:
+    """A coordinate as SVG text: at most one decimal, none when whole (stable output)."""
+    return f"{value:.1f}".removesuffix(".0")
+
+
+def _line(x1: float, y1: float, x2: float, y2: float, color: str) -> str:
+    return (f'<line x1="{_num(x1)}" y1="{_num(y1)}" x2="{_num(x2)}" y2="{_num(y2)}" '
+            f'stroke="{color}"/>')
+
+
+def _text(x: float, y: float, text: str, *, size: int = 12, color: str = _TEXT,
+          anchor: str = "start", weight: str = "normal") -> str:
+    """``text`` with its middle at ``y`` (dy, which every SVG renderer reads)."""
+    return (f'<text x="{_num(x)}" y="{_num(y)}" dy="0.35em" font-size="{size}" fill="{color}"'
+            + (f' text-anchor="{anchor}"' if anchor != "start" else "")
+            + (f' font-weight="{weight}"' if weight != "normal" else "")
+            + f">{escape(text)}</text>")
+
+
 def main() -> int:
-    PAGE.write_text(render(json.loads(RESULTS.read_text())))
-    print(f"wrote {PAGE} from {RESULTS}")
+    result = json.loads(RESULTS.read_text())
+    PAGE.write_text(render(result))
+    CHARTS.mkdir(exist_ok=True)
+    for name, svg in charts(result).items():
+        (CHARTS / name).write_text(svg)
+    print(f"wrote {PAGE} and its charts in {CHARTS} from {RESULTS}")
     return 0
 
 
