@@ -43,7 +43,7 @@ test-cluster: setup
 
 # The documentation site (mkdocs.yml) into site/, warnings as errors; part of `make test`.
 docs: setup
-	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
 
 # Types and lint, both configured in pyproject.toml; part of `make test`.
 lint: setup
