@@ -118,18 +118,12 @@ def test_workers_whose_python_lacks_js_etls_dependencies_fail_in_one_clear_line(
     assert (info.num_pending, info.num_ack_pending) == (120, 0)
 
 
-def test_spark_submit_job_drains_with_delta_jars(stream_with_messages, nats_server, tmp_path):
-    names = stream_with_messages
-    delta = shlex.split(run(JS_ETL, "spark-args").stdout.strip())
-    assert delta[0] == "--jars"  # JS_ETL_JARS_DIR's (tests/conftest.py): offline
-    args = drain_args(names, nats_server, tmp_path / "t")
-    result = run(str(BIN / "spark-submit"), "--master", "local[2]", *delta,
-                 str(REPO / "jobs" / "drain_to_delta.py"), *args)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert json.loads(last_line(result.stdout))["messages_written"] == 120
-
+def test_spark_submit_without_delta_says_how_to_bring_it(stream_with_messages, nats_server,
+                                                         tmp_path):
+    """(The README's spark-submit with Delta runs in tests/test_readme.py.)"""
     missing = run(str(BIN / "spark-submit"), "--master", "local[2]",
-                  str(REPO / "jobs" / "drain_to_delta.py"), *args)
+                  str(REPO / "jobs" / "drain_to_delta.py"),
+                  *drain_args(stream_with_messages, nats_server, tmp_path / "t"))
     assert missing.returncode == 2
     assert "spark-submit $(js-etl spark-args)" in (missing.stdout + missing.stderr)
 
@@ -227,3 +221,37 @@ def test_a_failure_is_one_line_and_its_traceback_only_with_verbose(stream_with_m
     assert len(quiet.stderr.strip().splitlines()) == 1
     assert "Traceback (most recent call last)" in verbose.stderr
     assert last_line(verbose.stderr) == last_line(quiet.stderr)
+
+
+def test_the_example_config_drains_as_shipped(tmp_path):
+    """conf/example.yaml against a server of its own (its stream and consumer names are fixed):
+    only the server's address and the table's path change, as the file says they may."""
+    from deltalake import DeltaTable
+
+    from js_etl.config import load_config
+    from js_etl.demo.publish import publish, wait_for_messages
+    from js_etl.demo.server import LocalNatsServer
+    from js_etl.durable.policy import desired_consumer
+    from js_etl.jetstream import ConnectionOptions, JetStreamSession
+
+    example = REPO / "conf" / "example.yaml"
+    env = {"JS_ETL__NATS__SERVERS": "", "JS_ETL__TARGET__PATH": str(tmp_path / "orders")}
+    with LocalNatsServer(tmp_path / "nats") as server:
+        env["JS_ETL__NATS__SERVERS"] = server.url
+        with JetStreamSession(ConnectionOptions(servers=(server.url,))) as js:
+            js.run(js.admin.add_stream("ORDERS", ["orders.>"]))
+            config = load_config(example, environ=env)
+            js.run(js.admin.create_consumer("ORDERS", desired_consumer(config)))
+            orders = [(f"orders.{i}", json.dumps({
+                "order_id": f"o-{i}", "customer_id": i, "amount": i + 0.5, "currency": "EUR",
+                "created_at": f"2026-11-28T10:00:{i:02d}Z"}).encode()) for i in range(20)]
+            js.run(publish(js.conn, orders))
+            js.run(wait_for_messages(js.conn, "ORDERS", 20))
+        result = run(JS_ETL, "drain", "--config", str(example), env=env, timeout=300)
+
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(last_line(result.stdout))["messages_written"] == 20
+    table = DeltaTable(str(tmp_path / "orders")).to_pyarrow_table(
+        columns=["order_id", "customer_id", "published_at", "date"]).to_pylist()
+    assert sorted(r["customer_id"] for r in table) == list(range(20))
+    assert all(r["date"] == r["published_at"].date() for r in table)  # its partition_by

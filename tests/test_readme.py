@@ -1,5 +1,5 @@
-"""The README's "Drain your own stream", "Backfills" and "From PySpark" examples, and the first
-example of docs/pyspark.md, run as written
+"""The README's "Drain your own stream", "Backfills", "On a cluster and on S3" (its spark-submit)
+and "From PySpark" examples, and the first example of docs/pyspark.md, run as written
 against a real nats-server of this module's own (the README's names, ORDERS …, are fixed): the
 `nats consumer add` line with the real NATS CLI, the config file as shown, `js-etl drain` and
 `js-etl backfill` as commands, the PySpark snippet in a session. Only what the README itself says
@@ -98,6 +98,24 @@ def test_drain_your_own_stream_as_the_readme_shows(orders, nats_cli, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     again = DeltaTable(str(tmp_path / "lake" / "orders_backfill")).to_pyarrow_table()
     assert sorted(again.column("seq").to_pylist()) == list(range(1, 101))
+
+    # Under spark-submit: the command as shown (Delta from `js-etl spark-args`), the job script
+    # of the checkout, its report file in the test's directory; ten new orders to drain.
+    with JetStreamSession(ConnectionOptions(servers=(orders.url,))) as js:
+        js.run(publish(js.conn, [(f"orders.{i % 3}", b'{"id":%d,"kind":"book","amount":1.5}' % i)
+                                 for i in range(MESSAGES, MESSAGES + 10)]))
+    (submit,) = blocks(section("On a cluster and on S3"), "bash")
+    report = tmp_path / "report.json"
+    (tmp_path / "jobs").symlink_to(REPO / "jobs")
+    submitted = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", submit.replace("/tmp/report.json", str(report))],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False,
+        env={**os.environ, **env, "PATH": f"{Path(sys.executable).parent}{os.pathsep}"
+                                          f"{os.environ['PATH']}"})
+    assert submitted.returncode == 0, submitted.stdout[-3000:] + submitted.stderr[-3000:]
+    assert '"messages_written":10' in report.read_text()
+    rows = DeltaTable(str(table)).to_pyarrow_table(columns=["id"]).column("id").to_pylist()
+    assert sorted(rows) == list(range(1, MESSAGES + 10))
 
 
 def test_the_pyspark_example_runs_in_a_session(orders, spark, capsys):

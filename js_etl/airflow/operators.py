@@ -503,11 +503,13 @@ class JetStreamToDeltaOperator(BaseOperator):
                 conf={str(k): str(v) for k, v in conf.items()})
         except JsEtlError as e:
             raise AirflowFailException(str(e)) from None
+        # spark-submit's --jars and --packages would replace those of conf: one list each.
+        merged = artifacts.conf({k: conf.pop(k) for k in ("spark.jars", "spark.jars.packages",
+                                                          "spark.jars.excludes") if k in conf})
         if artifacts.ivy_settings:
             conf["spark.jars.ivySettings"] = artifacts.ivy_settings
-        return {"jars": ",".join(artifacts.jars),
-                "packages": ",".join(artifacts.packages) or None,
-                "exclude_packages": ",".join(artifacts.excludes) or None}
+        return {"jars": merged["spark.jars"], "packages": merged.get("spark.jars.packages"),
+                "exclude_packages": merged.get("spark.jars.excludes")}
 
     def _failure(self, hook: _JobSubmitHook, error: AirflowException,
                  outcome: dict[str, Any] | None) -> AirflowException:

@@ -86,13 +86,14 @@ class SparkArtifacts:
     excludes: tuple[str, ...] = ()
     ivy_settings: str | None = None
 
-    def conf(self) -> dict[str, str]:
-        """The session settings (a builder's ``config``)."""
-        conf = {"spark.jars": ",".join(self.jars)}
-        if self.packages:
-            conf["spark.jars.packages"] = ",".join(self.packages)
-        if self.excludes:
-            conf["spark.jars.excludes"] = ",".join(self.excludes)
+    def conf(self, given: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The session settings (a builder's ``config``), each list after what ``given`` (the
+        session's own settings) has in it."""
+        given = given or {}
+        conf = {key: ",".join(filter(None, [given.get(key), *values]))
+                for key, values in (("spark.jars", self.jars),
+                                    ("spark.jars.packages", self.packages),
+                                    ("spark.jars.excludes", self.excludes)) if values}
         if self.ivy_settings:
             conf["spark.jars.ivySettings"] = self.ivy_settings
         return conf

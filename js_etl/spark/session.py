@@ -34,16 +34,17 @@ DELTA_CONF = {
 }
 
 
-def configure_delta(builder: SparkSession.Builder, artifacts: SparkArtifacts | None
-                    ) -> SparkSession.Builder:
+def configure_delta(builder: SparkSession.Builder, artifacts: SparkArtifacts | None,
+                    conf: Mapping[str, str] | None = None) -> SparkSession.Builder:
     """Add Delta to a session builder: its ``artifacts`` (jars, or packages Spark resolves;
-    :func:`~js_etl.spark.jars.delta_artifacts`), extension and catalog.
+    :func:`~js_etl.spark.jars.delta_artifacts`) after any the session's ``conf`` names, the
+    extension and the catalog.
 
     ``artifacts=None`` leaves ``spark.jars`` alone: under spark-submit it holds the ``--jars``
     list, and setting it to ``""`` here wiped it, so executors on a cluster got no Delta
     classes (tests/cluster/test_spark_submit_jars.py).
     """
-    for key, value in {**(artifacts.conf() if artifacts else {}), **DELTA_CONF}.items():
+    for key, value in {**(artifacts.conf(conf) if artifacts else {}), **DELTA_CONF}.items():
         builder = builder.config(key, value)
     return builder
 
@@ -111,7 +112,7 @@ def local_builder(master: str = "local[2]", app_name: str = "js-etl",
                .config("spark.python.daemon.module", "js_etl.drain.worker_daemon"))
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
-    return configure_delta(builder, delta_artifacts(object_store=object_store, conf=conf))
+    return configure_delta(builder, delta_artifacts(object_store=object_store, conf=conf), conf)
 
 
 def local_session(master: str = "local[2]", app_name: str = "js-etl",

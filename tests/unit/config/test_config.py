@@ -763,6 +763,16 @@ def test_shipped_examples_load(path: Path) -> None:
     assert cfg.target.partition_by == ["to_date(published_at) AS date"]
 
 
+def test_the_production_example_is_accepted_as_shipped() -> None:
+    """conf/production.yaml: TLS, a .creds file and an S3 table, and no secret in the file."""
+    cfg = load_config(CONF_DIR / "production.yaml", environ={})
+    assert all(s.startswith("tls://") for s in cfg.nats.servers) and len(cfg.nats.servers) == 3
+    assert (cfg.nats.creds_file, cfg.nats.tls.ca_file) == (
+        "/run/secrets/nats/orders-etl.creds", "/etc/ssl/nats/ca.pem")
+    assert cfg.target.path == "s3://lake/bronze/orders"
+    assert cfg.target.resolved_dead_letter_path == "s3://lake/bronze/orders_dead_letters"
+
+
 def test_demo_yaml_contents() -> None:
     cfg = load_config(
         demo_config(), overrides=["nats.servers=127.0.0.1:14222"], environ={}
