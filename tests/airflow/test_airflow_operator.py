@@ -546,7 +546,7 @@ def test_cluster_deploy_mode_hands_the_connection_over_in_files_never_on_the_com
     and the token go as --files (the token's file readable by its owner only), every nats key
     as --set, the report comes back through report_dir; spark-submit's own environment holds
     nothing of the connection. Without report_dir the task fails before spark-submit.
-    (tests/cluster/test_yarn.py runs this on a real YARN.)"""
+    (tests/airflow/test_airflow_yarn.py runs this on a real YARN.)"""
     import stat
 
     from airflow.sdk.exceptions import AirflowFailException
