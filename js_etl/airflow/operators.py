@@ -417,7 +417,8 @@ class JetStreamToDeltaOperator(BaseOperator):
         environment. In cluster mode the driver runs on the cluster, which has neither: the
         connection and the config travel as ``--set`` items and ``--files`` (the secrets in
         files, :meth:`JetStreamHook.cluster_handoff`), the report as a file in ``report_dir``."""
-        if hook.deploy_mode == "cluster":
+        cluster = hook.deploy_mode == "cluster"
+        if cluster:
             if not self.report_dir:
                 raise AirflowFailException(
                     "cluster deploy mode needs report_dir: a folder this worker and the "
@@ -444,7 +445,7 @@ class JetStreamToDeltaOperator(BaseOperator):
             return _read_report(_read_outcome(report_at, self.report_conn_id), hook.report_line)
         finally:
             self._hook = None
-            if report_at.startswith(self.report_dir or "\0"):
+            if cluster:  # client mode's goes with ``local``
                 _remove_outcome(report_at, self.report_conn_id)
 
     def _submit_hook(self, job_env: Mapping[str, str], user_env: Mapping[str, str], *,

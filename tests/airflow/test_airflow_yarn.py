@@ -41,11 +41,9 @@ def command_lines_holding(secret: str, stop: threading.Event, seen: list[str]) -
 
 def test_a_dag_drains_in_cluster_deploy_mode_on_yarn(mini_yarn, tjs, names, tmp_path,
                                                      monkeypatch):
-    # The Airflow worker's environment: where its YARN is. pip's pyspark has no
-    # python/lib/pyspark.zip for spark-submit to ship; the containers' Python has pyspark.
+    # The Airflow worker's environment: where its YARN is.
     for key, value in mini_yarn.environment().items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setenv("PYSPARK_ARCHIVES_PATH", "local:/nonexistent/pyspark.zip")
     tjs.run(tjs.admin.add_stream(names.stream, [names.subject]))
     tjs.run(publish(tjs.conn, [(f"{names.prefix}.e", b'{"id": %d}' % i) for i in range(40)]))
     tjs.run(wait_for_messages(tjs.conn, names.stream, 40))
@@ -57,6 +55,7 @@ def test_a_dag_drains_in_cluster_deploy_mode_on_yarn(mini_yarn, tjs, names, tmp_
         "fetch: {partitions: 2, batch: 100, pull_timeout: 2}\n"
         f"target: {{path: '{table}'}}\n")
     conf = {
+        **mini_yarn.spark_conf(),
         "spark.yarn.jars": f"local:{SPARK_HOME}/jars/*",  # on every node: no upload
         "spark.yarn.appMasterEnv.PYSPARK_PYTHON": sys.executable,
         "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
