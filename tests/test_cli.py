@@ -59,9 +59,14 @@ def test_config_errors_fail_fast_naming_the_key(tmp_path):
     assert "fetch.batch" in last_line(result.stderr)
     assert time.monotonic() - started < 15  # no Spark was started to find this out
 
-    typo = run(JS_ETL, "drain", "--config", str(bad), "--set", "fetch.batchh=3")
+    typo = run(JS_ETL, "drain", "--config", str(bad), "--set", "fetch.batchh=3",
+               "--report-file", f"file://{tmp_path}/report.json")
     assert typo.returncode == 2
     assert "did you mean 'fetch.batch'" in last_line(typo.stderr)
+    # Where the report would have gone, the reason goes (a driver on a cluster has no output
+    # the operator sees).
+    assert json.loads((tmp_path / "report.json").read_text()) == {
+        "error": last_line(typo.stderr), "exit_code": 2}
 
     # Usage errors end with the same kind of reason line (the Airflow operator shows it).
     usage = run(JS_ETL, "backfill", "--config", str(bad), "--from-seq", "0")

@@ -589,6 +589,20 @@ def test_cluster_deploy_mode_hands_the_connection_over_in_files_never_on_the_com
             f"nats.servers={token_server.url}"} <= {args[i + 1] for i, a in enumerate(args)
                                                    if a == "--set"}
 
+    # A failed driver's reason comes back the same way, and fails the task with it.
+    def fail(hook, application):
+        report = hook._application_args[hook._application_args.index("--report-file") + 1]
+        Path(report.removeprefix("file://")).write_text(
+            '{"error": "js-etl: StreamNotFoundError: stream gone", "exit_code": 2}')
+        raise AirflowException("spark-submit exited 1")
+
+    from airflow.sdk.exceptions import AirflowException
+
+    monkeypatch.setattr(_JobSubmitHook, "submit", fail)
+    with pytest.raises(AirflowFailException, match="^js-etl: StreamNotFoundError: stream gone$"):
+        op._run(op._submit_hook({}, {}, name="n"), "drain.py", str(config), [],
+                tmp_path / "local")
+
     no_dir = JetStreamToDeltaOperator(task_id="t", config_path=config, master="yarn",
                                       spark_submit_kwargs=cluster)
     with pytest.raises(AirflowFailException, match="cluster deploy mode needs report_dir"):
