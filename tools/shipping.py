@@ -100,12 +100,18 @@ def platform_env(dest: Path, pyspark: str) -> Path:
     that version, the wheel of this checkout with its ``job`` extra pinned to this venv's
     versions, no delta-spark. Its python's path."""
     wheel = build_wheel(dest.parent / f"{dest.name}-dist")
-    _run([getattr(sys, "_base_executable", PYTHON), "-m", "venv", "--without-pip", str(dest)])
-    python = dest / "bin" / "python"
-    _run([PYTHON, "-m", "pip", "--python", str(python), "install", "-q",
-          "--disable-pip-version-check", f"pyspark=={pyspark}", f"{wheel}[job]",
+    _run([*_bare_venv(dest), f"pyspark=={pyspark}", f"{wheel}[job]",
           *(f"{name}=={version(name)}" for name in JOB_DEPS)])
-    return python
+    return dest / "bin" / "python"
+
+
+def _bare_venv(dest: Path) -> list[str]:
+    """A venv at ``dest`` without pip (this venv's pip installs into it: ``pip --python``,
+    which saves the venv's own ensurepip); the pip command that installs into it."""
+    base = getattr(sys, "_base_executable", PYTHON)  # the venv's base interpreter
+    _run([base, "-m", "venv", "--without-pip", str(dest)])
+    return [PYTHON, "-m", "pip", "--python", str(dest / "bin" / "python"), "install", "-q",
+            "--disable-pip-version-check"]
 
 
 def executor_requirements() -> list[str]:
@@ -146,12 +152,8 @@ def packed_env(wheel: Path, cache: Path | None = None) -> Path:
     archive.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=archive.parent) as tmp:
         env = Path(tmp) / "env"
-        base = getattr(sys, "_base_executable", PYTHON)  # the venv's base interpreter
-        # No pip in the archive: this venv's pip installs into it (``pip --python``), which
-        # saves the 8 s ensurepip took and 8 MiB of the archive (88 -> 80 MiB; measured 2026-11-27).
-        _run([base, "-m", "venv", "--without-pip", str(env)])
-        pip = [PYTHON, "-m", "pip", "--python", str(env / "bin" / "python"), "install", "-q",
-               "--disable-pip-version-check"]
+        # No pip in the archive: smaller, and no ensurepip run to build it.
+        pip = _bare_venv(env)
         _run([*pip, "--no-deps", str(wheel)])
         _run([*pip, *requirements])
         packed = Path(tmp) / "env.tar.gz"

@@ -55,23 +55,21 @@ LOG_STORE_CLASS = "io.jsetl.delta.ConditionalPutLogStore"
 LOG_STORE_JAR = _HERE / "java" / "js-etl-log-store.jar"
 _LOG_STORE_SOURCE = _HERE / "java" / "io" / "jsetl" / "delta" / "ConditionalPutLogStore.java"
 
+
+def _dependency(coordinate: str) -> str:
+    """A Maven ``<dependency>`` of ``group:artifact:version``, without :data:`S3A_EXCLUDES`."""
+    group, artifact, version = coordinate.split(":")
+    exclusions = "".join(f"<exclusion><groupId>{g}</groupId><artifactId>{a}</artifactId>"
+                         "</exclusion>" for g, a in (x.split(":") for x in S3A_EXCLUDES))
+    return (f"<dependency><groupId>{group}</groupId><artifactId>{artifact}</artifactId>"
+            f"<version>{version}</version><exclusions>{exclusions}</exclusions></dependency>")
+
+
+# What `make setup` resolves into the jars folder: the coordinates Spark resolves by default.
 _POM = f"""<project xmlns="http://maven.apache.org/POM/4.0.0">
   <modelVersion>4.0.0</modelVersion>
   <groupId>js-etl</groupId><artifactId>delta-jars</artifactId><version>1</version>
-  <dependencies>
-    <dependency><groupId>io.delta</groupId><artifactId>delta-spark_4.2_2.13</artifactId>
-      <version>{DELTA_VERSION}</version></dependency>
-    <dependency><groupId>org.apache.hadoop</groupId><artifactId>hadoop-aws</artifactId>
-      <version>{HADOOP_AWS_VERSION}</version>
-      <exclusions><exclusion><groupId>software.amazon.awssdk</groupId>
-        <artifactId>bundle</artifactId></exclusion></exclusions></dependency>
-    <dependency><groupId>software.amazon.awssdk</groupId><artifactId>s3</artifactId>
-      <version>{AWS_SDK_VERSION}</version></dependency>
-    <dependency><groupId>software.amazon.awssdk</groupId>
-      <artifactId>s3-transfer-manager</artifactId><version>{AWS_SDK_VERSION}</version></dependency>
-    <dependency><groupId>software.amazon.awssdk</groupId><artifactId>sts</artifactId>
-      <version>{AWS_SDK_VERSION}</version></dependency>
-  </dependencies>
+  <dependencies>{"".join(map(_dependency, (DELTA_ARTIFACT, *S3A_ARTIFACTS)))}</dependencies>
 </project>
 """
 
@@ -99,15 +97,17 @@ class SparkArtifacts:
         return conf
 
     def submit_args(self) -> list[str]:
-        """The same as spark-submit options."""
-        args = ["--jars", ",".join(self.jars)]
-        if self.packages:
-            args += ["--packages", ",".join(self.packages)]
-        if self.excludes:
-            args += ["--exclude-packages", ",".join(self.excludes)]
-        if self.ivy_settings:
-            args += ["--conf", f"spark.jars.ivySettings={self.ivy_settings}"]
+        """The same as spark-submit options: its own flag where it has one, else ``--conf``."""
+        args: list[str] = []
+        for key, value in self.conf().items():
+            args += [_SUBMIT_FLAGS[key], value] if key in _SUBMIT_FLAGS else [
+                "--conf", f"{key}={value}"]
         return args
+
+
+# spark-submit's flags for the settings it also reads from --conf.
+_SUBMIT_FLAGS = {"spark.jars": "--jars", "spark.jars.packages": "--packages",
+                 "spark.jars.excludes": "--exclude-packages"}
 
 
 def delta_artifacts(*, object_store: bool = False,
@@ -180,8 +180,9 @@ def build_log_store(jar: Path = LOG_STORE_JAR) -> None:
     folder = jars_folder()
     storage = sorted(folder.glob("delta-storage-*.jar")) if folder else []
     if not storage:
-        raise TerminalError("Delta's storage jar is needed to build the log store: "
-                            "run `make setup` first")
+        raise TerminalError("Delta's storage jar is needed to build the log store: set "
+                            "JS_ETL_JARS_DIR to a folder that has it (`make setup` fills "
+                            ".jars/delta)")
     classpath = [*storage,
                  *(Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar")]
     with tempfile.TemporaryDirectory(prefix="js-etl-log-store-") as tmp:
