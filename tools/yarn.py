@@ -355,7 +355,7 @@ class MiniYarn:
         (the containers' shells, JVMs and Python workers) listed, then the launcher SIGKILLed
         and reaped, then the containers. Nothing of the cluster needs saving, what the tests
         read is on disk; a graceful stop (SIGTERM: the launcher's shutdown hook stops the
-        cluster) sits 17 s in the NodeManager's shutdown timers."""
+        cluster) waits on the NodeManager's shutdown timers (docs/design/packaging.md)."""
         proc, self._proc = self._proc, None
         if proc is None:
             return

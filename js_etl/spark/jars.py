@@ -15,7 +15,8 @@ things ride along:
   agree).
 
 For ``s3://``/``s3a://`` tables S3A comes too: ``hadoop-aws`` of pyspark's Hadoop with the AWS SDK
-modules it calls, not the SDK's 686 MB ``bundle`` jar its POM names (excluded).
+modules it calls, not the SDK's whole ``bundle`` jar its POM names (excluded; its size:
+docs/design/object-storage.md).
 
 Offline, a folder of jars replaces the resolution: ``$JS_ETL_JARS_DIR`` (:func:`jars_folder`).
 The repository's ``make`` sets it to ``.jars/delta``, which ``make setup`` fills with Maven
