@@ -50,7 +50,8 @@ _counter = itertools.count(1)
 # sums differed by 6 s (657 and 663). The list is by each file's summed durations in the first
 # run, longest first (the Spark-cluster test is one test of 209 s).
 _LONG_FIRST = ("airflow/test_airflow_packages.py", "cluster/test_spark_cluster.py",
-               "airflow/test_airflow_yarn.py", "drain/test_faults.py",
+               "airflow/test_airflow_yarn.py", "jetstream/test_nats_py_range.py",
+               "drain/test_faults.py",
                "airflow/test_airflow_operator.py", "drain/test_exactly_once.py",
                "backfill/test_backfill.py", "test_cli.py", "drain/test_fault_schedules.py",
                "cluster/test_cluster_drain.py", "drain/test_drain.py", "tools/test_bench.py",

@@ -10,11 +10,13 @@ hands each frame to the pull as raw bytes, which buys us two things nats-py cann
 The frames of those subscriptions are also cut from the read buffer by our own parser
 (:class:`_FrameParser`), which leaves everything else to nats-py's.
 
-nats-py is pinned exactly in ``pyproject.toml`` because of this hook and that parser (its buffer
-and states), and of the connect-path fixes below (:class:`_TcpTransport`, and ``_RawClient``'s
-connect overrides): every connection attempt, TLS handshake included, ends within
-``connect_timeout``; a certificate that does not verify, or a server without TLS when TLS is
-required, ends the connect at once (terminal).
+Also ours, on nats-py's connect path (:class:`_TcpTransport`, ``_RawClient``'s connect
+overrides): every connection attempt, TLS handshake included, ends within ``connect_timeout``;
+a certificate that does not verify, or a server without TLS when TLS is required, ends the
+connect at once (terminal).
+
+None of these hooks is nats-py's public API, so ``pyproject.toml`` states the range of nats-py
+whose two ends the suite runs (``tests/jetstream/test_nats_py_range.py``).
 """
 
 from __future__ import annotations
