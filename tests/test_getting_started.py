@@ -2,8 +2,8 @@
 ``--dry-run`` added, each in its own copy of the project's files (pip's build writes into the
 tree): each names an extra the project has and resolves, and the suite's venv (which ``make
 setup`` installs with the union of them) already holds all each line brings but js-etl itself.
-The page's venv line is the one ``make setup`` runs; its two commands, ``make demo`` and ``make
-test``, are what CI and the wheel's demo test (tests/tools/test_wheel.py) run."""
+The page's venv line is the one ``make setup`` runs; ``make test`` is what CI runs, and ``make
+demo`` runs ``js-etl demo``, which tests/tools/test_wheel.py runs from the wheel."""
 
 from __future__ import annotations
 
