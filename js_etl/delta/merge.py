@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -13,7 +15,7 @@ from js_etl.delta.table import CommitTag, DeltaTarget, create_empty
 from js_etl.errors import TransientError
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger("js_etl.delta")
 
@@ -36,8 +38,49 @@ def merge_new_rows(spark: SparkSession, table: DeltaTarget, source: DataFrame, t
     lacks, in one commit tagged with ``tag``. ``on_attempt`` is called before every attempt.
 
     Retries on a commit conflict: the retry re-reads the table, so rows a concurrent writer
-    added meanwhile are skipped.
+    added meanwhile are skipped. The MERGE is SQL over a temporary view of the source, so it
+    runs alike on a classic session and over Spark Connect (whose Spark 4.2 servers have no
+    Delta Connect plugin for Delta's Python API).
     """
+    view = f"jsetl_merge_{uuid.uuid4().hex}"
+    source.createOrReplaceTempView(view)
+    evolution = "WITH SCHEMA EVOLUTION " if merge_schema else ""
+    statement = (f"MERGE {evolution}INTO {table.sql_name()} AS t USING {view} AS s "
+                 f"ON {_merge_condition(stream, lo, hi)} WHEN NOT MATCHED THEN INSERT *")
+    try:
+        for attempt in range(1, MERGE_ATTEMPTS + 1):
+            on_attempt()
+            try:
+                with _user_metadata(spark, tag.to_json()):
+                    if not table.exists(spark):
+                        create_empty(table, source, partition_by)
+                    metrics = spark.sql(statement).first()
+                break
+            except Exception as e:
+                if not lost_to_a_concurrent_commit(e):
+                    raise
+                if attempt == MERGE_ATTEMPTS:
+                    raise TransientError(
+                        f"{table} kept changing under the backfill's MERGE ({attempt} attempts, "
+                        f"last: {_condition(e)}); nothing was duplicated — retry when the "
+                        "drain is idle") from None
+                log.warning("backfill %s: MERGE into %s lost to a concurrent commit (%s); "
+                            "retrying", tag.run, table, _condition(e))
+                time.sleep(min(0.5 * 2 ** attempt, 8.0))
+    finally:
+        spark.catalog.dropTempView(view)
+    inserted = int(metrics["num_inserted_rows"]) if metrics is not None else 0
+    version, source_rows = _merge_commit(spark, table, tag)
+    return MergeResult(inserted, source_rows, version)
+
+
+# Delta's SQLSTATE for every commit that lost to another's (DELTA_CONCURRENT_APPEND, _WRITE,
+# _TRANSACTION, _DELETE_READ, DELTA_METADATA_CHANGED, DELTA_PROTOCOL_CHANGED …), as Spark
+# Connect's errors carry it; a classic session raises Delta's Python classes, without it.
+_CONCURRENT_MODIFICATION = "2D521"
+
+
+def lost_to_a_concurrent_commit(error: BaseException) -> bool:
     from delta.exceptions import (
         ConcurrentAppendException,
         ConcurrentDeleteReadException,
@@ -48,41 +91,24 @@ def merge_new_rows(spark: SparkSession, table: DeltaTarget, source: DataFrame, t
         ProtocolChangedException,
     )
 
-    conflicts = (ConcurrentAppendException, ConcurrentDeleteReadException,
-                 ConcurrentTransactionException, ConcurrentWriteException,
-                 DeltaConcurrentModificationException, MetadataChangedException,
-                 ProtocolChangedException)
-    for attempt in range(1, MERGE_ATTEMPTS + 1):
-        on_attempt()
-        try:
-            with _user_metadata(spark, tag.to_json()):
-                if not table.exists(spark):
-                    create_empty(table, source, partition_by)
-                merge = (table.delta_table(spark).alias("t")
-                         .merge(source.alias("s"), _merge_condition(stream, lo, hi))
-                         .whenNotMatchedInsertAll())
-                if merge_schema:
-                    merge = merge.withSchemaEvolution()
-                metrics = merge.execute().first()
-            break
-        except conflicts as e:
-            if attempt == MERGE_ATTEMPTS:
-                raise TransientError(
-                    f"{table} kept changing under the backfill's MERGE ({attempt} attempts, "
-                    f"last: {type(e).__name__}); nothing was duplicated — retry when the "
-                    "drain is idle") from None
-            log.warning("backfill %s: MERGE into %s lost to a concurrent commit (%s); "
-                        "retrying", tag.run, table, type(e).__name__)
-            time.sleep(min(0.5 * 2 ** attempt, 8.0))
-    inserted = int(metrics["num_inserted_rows"]) if metrics is not None else 0
-    version, source_rows = _merge_commit(spark, table, tag)
-    return MergeResult(inserted, source_rows, version)
+    if isinstance(error, ConcurrentAppendException | ConcurrentDeleteReadException
+                  | ConcurrentTransactionException | ConcurrentWriteException
+                  | DeltaConcurrentModificationException | MetadataChangedException
+                  | ProtocolChangedException):
+        return True
+    state = getattr(error, "getSqlState", None)
+    return callable(state) and state() == _CONCURRENT_MODIFICATION
+
+
+def _condition(error: BaseException) -> str:
+    condition = getattr(error, "getCondition", None)
+    return (condition() if callable(condition) else None) or type(error).__name__
 
 
 def _merge_commit(spark: SparkSession, table: DeltaTarget, tag: CommitTag
                   ) -> tuple[int | None, int | None]:
     """(version, MERGE source row count) of the run's MERGE into ``table``."""
-    rows = (table.delta_table(spark).history(50)
+    rows = (spark.sql(f"DESCRIBE HISTORY {table.sql_name()} LIMIT 50")
             .select("version", "operation", "userMetadata", "operationMetrics").collect())
     for row in rows:
         found = CommitTag.from_json(row["userMetadata"])
@@ -94,12 +120,13 @@ def _merge_commit(spark: SparkSession, table: DeltaTarget, tag: CommitTag
     return None, None
 
 
-def _merge_condition(stream: str, lo: int, hi: int) -> Column:
-    from pyspark.sql import functions as F
-
+def _merge_condition(stream: str, lo: int, hi: int) -> str:
     # The target-only terms let Delta skip files outside the range (seq min/max statistics).
-    return ((F.col("t.stream") == F.col("s.stream")) & (F.col("t.seq") == F.col("s.seq"))
-            & (F.col("t.stream") == F.lit(stream)) & F.col("t.seq").between(lo, hi))
+    # The stream's name is a literal only when it needs no quoting: the join on s.stream is
+    # what keeps other streams' rows apart, this term only narrows the files read.
+    skip = f"t.stream = '{stream}' AND " if re.fullmatch(r"[\w-]+", stream) else ""
+    return (f"t.stream = s.stream AND t.seq = s.seq AND {skip}"
+            f"t.seq BETWEEN {int(lo)} AND {int(hi)}")
 
 
 @contextmanager

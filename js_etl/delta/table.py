@@ -31,6 +31,7 @@ import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import unquote
 
@@ -44,7 +45,7 @@ from js_etl.delta.rules import (
 from js_etl.delta.store import TableFiles, table_root
 from js_etl.errors import ConfigError, TerminalError, TransientError, one_line
 from js_etl.schema import REQUIRED_COLUMNS
-from js_etl.spark.session import hadoop_path, java_class, lossy_s3_log_store
+from js_etl.spark.session import hadoop_path, is_connect, java_class, lossy_s3_log_store
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -117,15 +118,16 @@ class DeltaTarget:
         assert self.path is not None  # a target is a table or a path (TargetConfig checks)
         if object_store_url(self.path):  # no Hadoop connector needed to look at its log
             return _holds_a_commit(spark, self.path)
+        if is_connect(spark):  # Delta's Python API needs Delta Connect on the server
+            return _holds_a_commit(spark, self.location(spark))
         return bool(DeltaTable.isDeltaTable(spark, self.path))
 
-    def delta_table(self, spark: SparkSession) -> Any:
-        from delta.tables import DeltaTable
-
+    def sql_name(self) -> str:
+        """The table in Spark SQL: its catalog name, or ``delta.`<path>```."""
         if self.table:
-            return DeltaTable.forName(spark, self.table)
+            return self.table
         assert self.path is not None  # a target is a table or a path (TargetConfig checks)
-        return DeltaTable.forPath(spark, self.path)
+        return "delta.`" + self.path.replace("`", "``") + "`"
 
     def location(self, spark: SparkSession) -> str:
         """The table's directory as Spark reads it: a path as Hadoop qualifies it
@@ -137,10 +139,16 @@ class DeltaTarget:
         is: what reads it there is deltalake, obstore, or Spark's connector for its scheme."""
         if self.path and object_store_url(self.path):
             return object_store_url(self.path) or ""
+        if self.path and is_connect(spark):
+            # No Hadoop on a Spark Connect client: the path as this machine sees it, which must
+            # be the server's view of it too (a shared file system).
+            return _norm_path(self.path)
         if self.path:
             path, fs = hadoop_path(spark, self.path)
             return str(fs.makeQualified(path).toString()).rstrip("/")
-        return str(self.delta_table(spark).detail().first()["location"]).rstrip("/")
+        detail = spark.sql(f"DESCRIBE DETAIL {self.sql_name()}").first()
+        assert detail is not None  # DESCRIBE DETAIL answers one row or raises
+        return str(detail["location"]).rstrip("/")
 
     def read(self, spark: SparkSession) -> DataFrame:
         """The current snapshot, through Delta."""
@@ -540,6 +548,9 @@ def _list_dir(spark: SparkSession, path: str) -> list[str]:
     for its URL, else Hadoop's FileSystem."""
     if object_store_url(path):
         return TableFiles(path.rstrip("/")).names("")
+    if is_connect(spark):  # no Hadoop on the client: its own view of the shared file system
+        folder = Path(_norm_path(path))
+        return [child.name for child in folder.iterdir()] if folder.is_dir() else []
     hpath, fs = hadoop_path(spark, path)
     if not fs.exists(hpath) or not fs.getFileStatus(hpath).isDirectory():
         return []

@@ -78,7 +78,7 @@ from js_etl.jetstream import (
 from js_etl.report import LogProgress, Progress, RunReport, StopReason
 from js_etl.schema import RAW_DDL
 from js_etl.spark.failures import failure_reason, is_transient
-from js_etl.spark.session import configure_s3a
+from js_etl.spark.session import configure_s3a, is_connect
 
 if TYPE_CHECKING:
     from typing import Any
@@ -97,6 +97,14 @@ log = logging.getLogger("js_etl.drain")
 # How long a run rides out NATS not answering (leader elections of a clustered stream or
 # consumer) before it ends with the transient exit code.
 RECOVERY_SECONDS = 60.0
+
+
+def refuse_spark_connect(spark: SparkSession) -> None:
+    if is_connect(spark):
+        raise ConfigError("the drain needs a classic Spark session, not Spark Connect: its "
+                          "fetch is an RDD job and its commits and lock call the driver's JVM; "
+                          "run it with spark-submit or js-etl drain (SPARK_REMOTE unset), or "
+                          "read over Connect with the backfill or the nats_jetstream source")
 
 
 def refuse_speculation(spark: SparkSession) -> None:
@@ -137,6 +145,7 @@ class Drain:
         self._fetch_end = 0.0  # wall time after which no task of the last round pulls
         self._recovery_deadline: float | None = None  # see _recovering
         self.writer: Writer | None = None  # chosen before the first round
+        refuse_spark_connect(spark)
         refuse_speculation(spark)
         # Checks decode.schema: a bad schema fails before any pull.
         self.decoder = Decoder(config.decode.format, config.decode.schema,

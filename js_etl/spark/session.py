@@ -133,10 +133,14 @@ def local_session(master: str = "local[2]", app_name: str = "js-etl",
 
 def job_session(spark_config: SparkConfig, *, spark_submit: bool, columnar: bool = False,
                 object_store: bool = False) -> SparkSession:
-    """The session of a ``js-etl drain|backfill`` run: local Spark from the config's ``spark.*``
-    section (``columnar``: for a drain on the columnar writer; ``object_store``: tables on S3),
-    or, under spark-submit, the session spark-submit prepared."""
+    """The session of a ``js-etl drain|backfill`` run: a Spark Connect client where
+    ``SPARK_REMOTE`` names a server (:func:`connect_session`), local Spark from the config's
+    ``spark.*`` section (``columnar``: for a drain on the columnar writer; ``object_store``:
+    tables on S3), or, under spark-submit, the session spark-submit prepared."""
     session_class = pyspark_session()
+    remote = os.environ.get("SPARK_REMOTE")
+    if remote:
+        return connect_session(remote, spark_config)
     if not spark_submit:
         return local_session(spark_config.master, spark_config.app_name, spark_config.conf,
                              columnar=columnar, object_store=object_store)
@@ -148,6 +152,18 @@ def job_session(spark_config: SparkConfig, *, spark_submit: bool, columnar: bool
     spark = configure_delta(builder, None).getOrCreate()
     _require_delta(spark)
     _delta_python(spark)
+    return spark
+
+
+def connect_session(url: str, spark_config: SparkConfig) -> SparkSession:
+    """A Spark Connect client of the server at ``url`` (``sc://host:port``, as ``SPARK_REMOTE``
+    names it). The server brings Spark, Delta (its jars, extension and catalog) and js-etl's
+    Python packages for its workers; of the config's ``spark.conf`` only the ``spark.sql.*``
+    settings apply, to this client's session (the rest are the server's)."""
+    spark = pyspark_session().builder.remote(url).getOrCreate()
+    for key, value in spark_config.conf.items():
+        if key.startswith("spark.sql."):
+            spark.conf.set(key, value)
     return spark
 
 
@@ -198,6 +214,12 @@ def _require_delta(spark: SparkSession) -> None:
                             "docs/running.md 'Running a drain'") from None
 
 
+def is_connect(spark: SparkSession) -> bool:
+    """Whether ``spark`` is a Spark Connect client (``SparkSession.builder.remote``,
+    ``SPARK_REMOTE``): it has no SparkContext, RDDs or py4j view of the JVM."""
+    return type(spark).__module__.startswith("pyspark.sql.connect.")
+
+
 def spark_jvm(spark: SparkSession) -> Any:
     """The driver's py4j view of the JVM: Delta's and Hadoop's Java API where PySpark has none
     (DeltaLog snapshots, Hadoop FileSystem reads). Classic Spark only; Spark Connect has none."""
@@ -231,6 +253,8 @@ def configure_s3a(spark: SparkSession, environ: Mapping[str, str] | None = None)
     configuration for every writer. Set on the running session's Hadoop configuration, at the
     start of each run, so the variables of the run's process count; a variable that is not set
     leaves the session's own setting (``spark.hadoop.fs.s3a.*``) alone."""
+    if is_connect(spark):
+        return  # a Spark Connect server's Hadoop configuration is the server's, not the client's
     env = os.environ if environ is None else environ
     conf = spark._jsc.hadoopConfiguration()
     if conf.get("fs.s3.impl") is None:  # else the platform's own s3:// (EMRFS on EMR) stays
