@@ -40,6 +40,12 @@ pytest_plugins = ["streams"]
 
 _counter = itertools.count(1)
 
+# `JS_ETL_TEST_SPARK=connect`: the `spark` fixture is a Spark Connect client of a local Spark
+# Connect server instead: the one SPARK_REMOTE names, else one it starts. The file
+# tests/test_spark_connect.py runs test files again that way, in a pytest of their own: a Connect
+# session switches pyspark into Connect mode for its whole process.
+SPARK_MODE = os.environ.get("JS_ETL_TEST_SPARK", "classic")
+
 # `make test` runs the suite on two pytest-xdist workers (--dist worksteal): each worker is its
 # own process with its own nats-server, SparkSession, Airflow home and (when a test there needs
 # them) 3-node nats-server and Spark standalone clusters. A worker that runs out of tests takes
@@ -50,7 +56,8 @@ _counter = itertools.count(1)
 # sums differed by 6 s (657 and 663). The list is by each file's summed durations in the first
 # run, longest first (the Spark-cluster test is one test of 209 s).
 _LONG_FIRST = ("airflow/test_airflow_packages.py", "cluster/test_spark_cluster.py",
-               "airflow/test_airflow_yarn.py", "jetstream/test_nats_py_range.py",
+               "airflow/test_airflow_yarn.py", "test_spark_connect.py",
+               "jetstream/test_nats_py_range.py",
                "drain/test_faults.py",
                "airflow/test_airflow_operator.py", "drain/test_exactly_once.py",
                "backfill/test_backfill.py", "test_cli.py", "drain/test_fault_schedules.py",
@@ -88,8 +95,15 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         jvm_classes.stop_build(builder)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     tests = Path(__file__).resolve().parent
+    if SPARK_MODE == "connect":
+        # Over Spark Connect only what runs on the session runs again; the rest (NATS only, or
+        # the classic session's JVM API: marker classic_spark) was tested once already.
+        kept = [item for item in items if "spark" in getattr(item, "fixturenames", ())
+                and item.get_closest_marker("classic_spark") is None]
+        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+        items[:] = kept
 
     def rank(item: pytest.Item) -> int:
         path = Path(item.path).resolve().relative_to(tests).as_posix()
@@ -174,10 +188,31 @@ _SESSION_CONF = {"spark.sql.codegen.factoryMode": "NO_CODEGEN"}
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[object]:
-    """The one local SparkSession for the whole test session: 2 cores, and a failed task is
-    retried once (local[2,2]), as a cluster would; UI off, UTC, Delta; per-task projections
-    interpreted (_SESSION_CONF)."""
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """The one SparkSession for the whole test session: 2 cores, and a failed task is retried
+    once (local[2,2]), as a cluster would; UI off, UTC, Delta; per-task projections interpreted
+    (_SESSION_CONF). With ``JS_ETL_TEST_SPARK=connect``, the same settings on a Spark Connect
+    server (tools/spark_connect.py) this fixture starts and stops, and a client of it."""
+    if SPARK_MODE == "connect":
+        from pyspark.sql import SparkSession
+
+        from tools.spark_connect import LocalSparkConnectServer
+
+        given = os.environ.get("SPARK_REMOTE")  # a server the caller started
+        server = None if given else LocalSparkConnectServer(
+            tmp_path_factory.mktemp("spark-connect"), conf=_SESSION_CONF).start()
+        url = given or server.url  # type: ignore[union-attr]
+        # As a user points js-etl's commands at a server: they run in this process too.
+        os.environ["SPARK_REMOTE"] = url
+        session = SparkSession.builder.remote(url).getOrCreate()
+        try:
+            yield session
+        finally:
+            session.stop()
+            if server is not None:
+                server.stop()
+                del os.environ["SPARK_REMOTE"]
+        return
     from js_etl.spark.session import local_session
 
     session = local_session("local[2,2]", "js-etl-tests", log_level="ERROR", conf=_SESSION_CONF)

@@ -126,6 +126,7 @@ def test_middle_range_into_an_empty_table_and_a_rerun_inserts_nothing(
     assert seqs(spark, table) == list(range(101, 201))
 
 
+@pytest.mark.classic_spark  # drains first: the drain needs a classic session
 def test_backfill_over_drained_rows_fills_gaps_and_leaves_the_rest_to_the_drain(
         spark, js, names, nats_server, tmp_path):
     add_stream(js, names)
@@ -186,16 +187,26 @@ def test_a_concurrent_append_makes_the_merge_retry_instead_of_duplicating(
             "subject STRING, stream STRING, seq BIGINT, consumer_seq BIGINT, "
             "num_delivered BIGINT, published_at TIMESTAMP, headers MAP<STRING, ARRAY<STRING>>, "
             "data BINARY")
-        tag = CommitTag(config.job_id, "r", 1, "$JS.ACK.x.y", 40, 45)
-        DeltaTarget(str(table)).append(spark, rows, tag, partition_by=[], merge_schema=False)
+        rows.write.format("delta").mode("append").save(str(table))  # a blind append
         (tmp_path / "appended").touch()
 
+    failed: list[BaseException] = []
+
+    def appender_thread() -> None:
+        try:
+            drain_like_append()
+        except BaseException as e:
+            failed.append(e)
+            raise
+
     monkeypatch.setattr(backfill_module, "with_partition_columns", gated)
-    appender = threading.Thread(target=drain_like_append)
+    appender = threading.Thread(target=appender_thread)
     appender.start()
     report = run_backfill(spark, config, RangeRequest.parse(from_seq=1, to_seq=100),
                           drain_target=None)
     appender.join(30)
+
+    assert not failed and (tmp_path / "appended").exists()
 
     assert report.merge_attempts == 2  # the first MERGE lost to the append and was retried
     assert (report.messages_written, report.already_present) == (94, 6)
@@ -400,6 +411,7 @@ def rewind_args(names: Any, nats_server: Any, table: Path, seq: int, *extra: str
             "--to-seq", str(seq), *extra]
 
 
+@pytest.mark.classic_spark  # drains first: the drain needs a classic session
 def test_rewind_then_drain_rereads_from_the_new_position(spark, js, names, nats_server,
                                                          tmp_path, capsys, monkeypatch):
     add_stream(js, names)

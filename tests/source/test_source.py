@@ -1,8 +1,15 @@
-"""``spark.read.format("nats_jetstream")`` against a real nats-server and the session's Spark."""
+"""``spark.read.format("nats_jetstream")`` against a real nats-server and the session's Spark.
+
+tests/test_spark_connect.py runs this file again with the session a Spark Connect client
+(``JS_ETL_TEST_SPARK=connect``), with the same assertions; tests marked ``classic_spark`` need
+the JVM's own API and run on the classic session only. A Connect DataFrame is analyzed when it is
+first looked at (its schema, or an action), not by ``load()``: the error tests look at it."""
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import io
 import json
 import urllib.request
 from datetime import UTC, datetime
@@ -13,8 +20,8 @@ from streams import add_stream, publish_and_wait, purge_stream, wait_until
 
 from js_etl.demo.server import LocalNatsServer, free_port
 from js_etl.errors import ConfigError, PurgedRangeError, RangeError
-from js_etl.jetstream import ConnectionOptions, JetStreamSession
-from js_etl.jetstream.errors import NatsUnavailableError, StreamNotFoundError
+from js_etl.jetstream import ConnectionOptions, JetStreamSession, Secret
+from js_etl.jetstream.errors import AuthorizationError, NatsUnavailableError, StreamNotFoundError
 from js_etl.jetstream.message import parse_headers
 from js_etl.source import register
 from js_etl.source.datasource import FAULT_PROPERTY, load_error, subject_matches
@@ -34,6 +41,22 @@ def reader(spark: Any, url: str, stream: str, **options: Any) -> Any:
     for key, value in options.items():
         r = r.option(key, str(value))
     return r
+
+
+def made(r: Any) -> Any:
+    """``r.load()``, analyzed: a classic DataFrame is analyzed by ``load()``, a Connect one when
+    first looked at (its schema here)."""
+    df = r.load()
+    _ = df.schema
+    return df
+
+
+def physical_plan(df: Any) -> str:
+    """What ``explain()`` prints of ``df``'s physical plan (the same in both modes)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        df.explain()
+    return out.getvalue()
 
 
 def stored(js: JetStreamSession, stream: str, seq: int) -> dict[str, Any]:
@@ -88,6 +111,7 @@ def test_rows_of_a_range_equal_what_was_published(source, js, names, nats_server
             assert r.headers is None
 
 
+@pytest.mark.classic_spark  # a Connect DataFrame is a plan the server may analyze again
 def test_reading_twice_is_identical_and_the_end_is_fixed_when_the_dataframe_is_made(
         source, js, names, nats_server):
     add_stream(js, names)
@@ -102,10 +126,26 @@ def test_reading_twice_is_identical_and_the_end_is_fixed_when_the_dataframe_is_m
     assert [r.seq for r in first] == list(range(1, 201))  # not the 50 published after load()
     again = reader(source, nats_server.url, names.stream, to_seq=200, partitions=2).load()
     assert again.orderBy("seq").collect() == first
+
+
+def test_a_range_pinned_by_to_seq_reads_the_same_rows_whatever_comes_later(
+        source, js, names, nats_server):
+    add_stream(js, names)
+    publish_and_wait(js, names, [(f"{names.prefix}.x", b"m%d" % i) for i in range(200)])
+    df = reader(source, nats_server.url, names.stream, to_seq=200, partitions=4, batch=16).load()
+    first = df.orderBy("seq").collect()
+    publish_and_wait(js, names, [(f"{names.prefix}.x", b"late%d" % i) for i in range(50)])
+    second = df.orderBy("seq").collect()
+    other = reader(source, nats_server.url, names.stream, to_seq=200, partitions=3).load()
+
+    assert first == second == other.orderBy("seq").collect()
+    assert [r.seq for r in first] == list(range(1, 201))
+    assert [r.data for r in first] == [b"m%d" % i for i in range(200)]
     consumers = js.run(js.conn.request(f"CONSUMER.LIST.{names.stream}", {}))
     assert not consumers.get("consumers")  # every ephemeral consumer deleted; no durable touched
 
 
+@pytest.mark.classic_spark  # the fault and the failed-task count go through the SparkContext
 def test_a_task_failing_once_is_retried_with_the_same_rows(source, js, names, nats_server):
     add_stream(js, names)
     publish_and_wait(js, names, [(f"{names.prefix}.x", b"m%d" % i) for i in range(300)])
@@ -149,7 +189,7 @@ def test_published_at_predicate_is_pushed_to_the_server(source, js, names, monit
 
     df = (reader(source, server.url, names.stream, name=f"{names.prefix}-pushed").load()
           .where(f"published_at >= '{start}'"))
-    plan = df._jdf.queryExecution().executedPlan().toString()
+    plan = physical_plan(df)
     seqs = sorted(r.seq for r in df.collect())
 
     assert seqs == expected == list(range(901, 1001))
@@ -171,7 +211,7 @@ def test_seq_and_subject_predicates_are_pushed(source, js, names, monitored):
     assert sorted(r.seq for r in by_seq.collect()) == list(range(400, 410))
     assert sorted(r.seq for r in by_subject.collect()) == list(range(510, 1001, 10))
     for df in (by_seq, by_subject):
-        plan = df._jdf.queryExecution().executedPlan().toString()
+        plan = physical_plan(df)
         assert "Filter (" not in plan, plan
     assert delivered(f"{names.prefix}-seq") < 40
     assert delivered(f"{names.prefix}-subj") < 100  # 50 rows of 500 sequences
@@ -188,7 +228,7 @@ def test_seq_and_subject_predicates_are_pushed(source, js, names, monitored):
     assert delivered(f"{names.prefix}-in") < 60  # seqs 100..120
     # The plan check can fail: a predicate the reader cannot take stays a Spark Filter.
     kept = reader(source, server.url, names.stream).load().where("length(data) > 2")
-    assert "Filter (" in kept._jdf.queryExecution().executedPlan().toString()
+    assert "Filter (" in physical_plan(kept)
 
 
 def test_a_purge_between_load_and_action_only_removes_rows(source, js, names, nats_server):
@@ -214,18 +254,41 @@ def test_secrets_in_options_are_refused_with_the_reason(source, js, names, nats_
                                                        value, reason):
     add_stream(js, names)
     with pytest.raises(Exception) as raised:
-        reader(source, nats_server.url, names.stream, **{option: value}).load()
+        made(reader(source, nats_server.url, names.stream, **{option: value}))
     error = load_error(raised.value)
     assert isinstance(error, ConfigError)
     assert "visible in query plans, the Spark UI and logs" in str(error)
     assert reason in str(error) and value not in str(error)
 
 
+def test_credentials_come_from_a_file_never_from_an_option_value(source, names, tmp_path):
+    token = f"tok-{names.prefix}"
+    with LocalNatsServer(tmp_path / "nats",
+                         config_text=f'authorization {{ token: "{token}" }}\n') as server:
+        options = ConnectionOptions(servers=(server.url,), token=Secret(token))
+        with JetStreamSession(options) as tjs:
+            add_stream(tjs, names)
+            publish_and_wait(tjs, names, [(f"{names.prefix}.x", b"m%d" % i) for i in range(20)])
+        right, wrong = tmp_path / "token", tmp_path / "wrong"
+        right.write_text(token)
+        wrong.write_text("not-the-token")
+        for file in (right, wrong):
+            file.chmod(0o600)
+
+        # The options name only the file: the token is read where the connection is made.
+        rows = reader(source, server.url, names.stream, token_file=right).load().collect()
+
+        assert sorted(r.data for r in rows) == sorted(b"m%d" % i for i in range(20))
+        with pytest.raises(Exception) as raised:
+            made(reader(source, server.url, names.stream, token_file=wrong, connect_timeout=2))
+        assert isinstance(load_error(raised.value), AuthorizationError), str(raised.value)[-400:]
+
+
 def test_a_pasted_seed_in_a_file_option_is_refused_without_echoing_it(source, js, names,
                                                                        nats_server):
     seed = "SUA" + "A" * 55
     with pytest.raises(Exception) as raised:
-        reader(source, nats_server.url, names.stream, nkey_seed_file=seed).load()
+        made(reader(source, nats_server.url, names.stream, nkey_seed_file=seed))
     error = load_error(raised.value)
     assert isinstance(error, ConfigError) and seed not in str(error)
 
@@ -252,7 +315,7 @@ def test_errors_are_one_clear_line_when_the_dataframe_is_made(source, js, names,
         for key, value in options.items():
             r = r.option(key, str(value))
         with pytest.raises(Exception) as raised:
-            r.load()  # not deep in a task: creating the DataFrame fails
+            made(r)  # not deep in a task: creating (analyzing) the DataFrame fails
         error = load_error(raised.value)
         assert isinstance(error, kind), (options, str(raised.value)[-400:])
         assert text in str(error) and "\n" not in str(error)
