@@ -20,7 +20,10 @@ it; an unknown name is refused so a typo cannot silently test nothing.
   loaded cluster that cannot start tasks within a short ack_wait's window);
 * ``hold_after_fetch`` — the driver stops after the first round's fetch has run, writes
   ``$JS_ETL_FAULT_GATE/held`` and waits until the test creates ``$JS_ETL_FAULT_GATE/release``
-  (a test acts on a run in the middle of a round — a signal, a second run — whatever the timing).
+  (a test acts on a run in the middle of a round — a signal, a second run — whatever the timing);
+* ``hold_mid_merge`` — the backfill's MERGE reads its rows through one task that writes
+  ``$JS_ETL_FAULT_GATE/held`` and waits for ``$JS_ETL_FAULT_GATE/release`` (a test kills the
+  driver, or a Spark Connect client, while its MERGE runs).
 """
 
 from __future__ import annotations
@@ -30,13 +33,18 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from js_etl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 ENV = "JS_ETL_FAULT"
 POINTS = frozenset({"kill_after_fetch", "kill_after_commit", "kill_mid_ack", "fail_fetch_task",
                     "fail_write_task", "stall_before_ack", "late_fetch_tasks",
-                    "slow_task_start", "lose_checkpoint", "hold_after_fetch"})
+                    "slow_task_start", "lose_checkpoint", "hold_after_fetch",
+                    "hold_mid_merge"})
 GATE_ENV = "JS_ETL_FAULT_GATE"
 
 
@@ -68,15 +76,35 @@ def hold_here(point: str) -> None:
     Once released, the gate stays open: later rounds pass it at once."""
     if armed() != point:
         return
-    if not os.environ.get(GATE_ENV):
-        raise ConfigError(f"{ENV}={point} needs {GATE_ENV}=<folder> for its held/release files")
-    gate = Path(os.environ[GATE_ENV])
+    gate = _gate(point)
     release = gate / "release"
     if release.exists():
         return
     (gate / "held").touch()
     while not release.exists():
         time.sleep(0.05)
+
+
+def held_in_a_task(point: str, df: DataFrame) -> DataFrame:
+    """``df``, read through one task held at the gate (:func:`hold_here`'s files) if ``point`` is
+    armed: the gate's folder travels with the task, which may run on another machine."""
+    if armed() != point:
+        return df
+    gate = _gate(point)
+
+    def held(batches: Iterator[object]) -> Iterator[object]:
+        (gate / "held").touch()
+        while not (gate / "release").exists():
+            time.sleep(0.05)
+        yield from batches
+
+    return df.coalesce(1).mapInArrow(held, df.schema)
+
+
+def _gate(point: str) -> Path:
+    if not os.environ.get(GATE_ENV):
+        raise ConfigError(f"{ENV}={point} needs {GATE_ENV}=<folder> for its held/release files")
+    return Path(os.environ[GATE_ENV])
 
 
 def start_late(fault: str | None, seconds: float) -> None:

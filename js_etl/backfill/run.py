@@ -68,6 +68,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from js_etl import faults
 from js_etl.config import JobConfig
 from js_etl.decode.spark import Decoder, with_partition_columns
 from js_etl.delta.merge import merge_new_rows
@@ -341,6 +342,7 @@ class Backfill:
         def count_attempt() -> None:
             self.report.merge_attempts += 1
 
+        source = faults.held_in_a_task("hold_mid_merge", source)
         merged = merge_new_rows(spark, table, source, tag, stream=self.source.stream,
                                 lo=plan.lo, hi=plan.hi, partition_by=partition_by,
                                 merge_schema=merge_schema, on_attempt=count_attempt)

@@ -7,12 +7,13 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from js_etl.delta.table import CommitTag, DeltaTarget, create_empty
 from js_etl.errors import TransientError
+from js_etl.spark.session import is_connect
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -42,6 +43,7 @@ def merge_new_rows(spark: SparkSession, table: DeltaTarget, source: DataFrame, t
     runs alike on a classic session and over Spark Connect (whose Spark 4.2 servers have no
     Delta Connect plugin for Delta's Python API).
     """
+    source = _plain_types(spark, source)
     view = f"jsetl_merge_{uuid.uuid4().hex}"
     source.createOrReplaceTempView(view)
     evolution = "WITH SCHEMA EVOLUTION " if merge_schema else ""
@@ -68,10 +70,22 @@ def merge_new_rows(spark: SparkSession, table: DeltaTarget, source: DataFrame, t
                             "retrying", tag.run, table, _condition(e))
                 time.sleep(min(0.5 * 2 ** attempt, 8.0))
     finally:
-        spark.catalog.dropTempView(view)
+        with suppress(Exception):  # a session gone bad must not hide the MERGE's own error
+            spark.catalog.dropTempView(view)
     inserted = int(metrics["num_inserted_rows"]) if metrics is not None else 0
     version, source_rows = _merge_commit(spark, table, tag)
     return MergeResult(inserted, source_rows, version)
+
+
+def _plain_types(spark: SparkSession, df: DataFrame) -> DataFrame:
+    """Over Spark Connect, ``df`` with each column cast to its type as written: there a
+    ``mapInArrow`` result's strings are explicitly collated, which Delta writes into the table's
+    schema as ``string collate UTF8_BINARY``, a type deltalake (and so js-etl's own reads)
+    refuses (pyspark 4.2.0; docs/design/spark-connect.md)."""
+    if not is_connect(spark):
+        return df
+    return df.select(*(df[f.name].cast(f.dataType.simpleString()).alias(f.name)
+                       for f in df.schema.fields))
 
 
 # Delta's SQLSTATE for every commit that lost to another's (DELTA_CONCURRENT_APPEND, _WRITE,
