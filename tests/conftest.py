@@ -98,10 +98,12 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     tests = Path(__file__).resolve().parent
     if SPARK_MODE == "connect":
-        # Over Spark Connect only what runs on the session runs again; the rest (NATS only, or
-        # the classic session's JVM API: marker classic_spark) was tested once already.
+        # Over Spark Connect only what runs on the session runs again; the rest (NATS only:
+        # no session, or marker nats_side; the classic session's JVM API: marker
+        # classic_spark) was tested once already.
         kept = [item for item in items if "spark" in getattr(item, "fixturenames", ())
-                and item.get_closest_marker("classic_spark") is None]
+                and item.get_closest_marker("classic_spark") is None
+                and item.get_closest_marker("nats_side") is None]
         config.hook.pytest_deselected(items=[item for item in items if item not in kept])
         items[:] = kept
 
@@ -220,6 +222,17 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         yield session
     finally:
         session.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A real Spark Connect server (tools/spark_connect.py) with the suite's session settings,
+    started by the first test that asks for it; its clients run in processes of their own."""
+    from tools.spark_connect import LocalSparkConnectServer
+
+    with LocalSparkConnectServer(tmp_path_factory.mktemp("spark-connect"),
+                                 conf=_SESSION_CONF) as server:
+        yield server
 
 
 # The real NATS CLI, for the tests that run every `nats …` command js-etl or the README prints.

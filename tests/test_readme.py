@@ -136,3 +136,18 @@ def test_the_pyspark_pages_example_runs_in_a_session_with_delta(orders, spark, c
         str(tmp_path / "orders_by_kind")).collect()}
     assert written == {"Books": 39, "Groceries": 40}
     assert "payload is not JSON" in capsys.readouterr().out
+
+
+def test_the_pyspark_pages_connect_example_runs_as_a_client(orders, spark_connect_server,
+                                                            tmp_path):
+    """docs/pyspark.md's Spark Connect example, as a script of its own (Connect mode is
+    process-wide) against the suite's Spark Connect server."""
+    page = (REPO / "docs" / "pyspark.md").read_text()
+    snippet = blocks(page.split("\n## Over Spark Connect\n", 1)[1], "python")[0]
+    script = tmp_path / "connect_example.py"
+    script.write_text(snippet.replace("nats://127.0.0.1:4222", orders.url)
+                      .replace("sc://127.0.0.1:15002", spark_connect_server.url))
+    ran = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=300, check=False, cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert ran.stdout.split() == [str(MESSAGES), str(MESSAGES - 1)]  # one order is not JSON

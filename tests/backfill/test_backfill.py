@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from streams import ack, add_stream, publish_and_wait, purge_stream, settled
+from streams import ack, add_stream, publish_and_wait, purge_stream, settled, wait_until
 
 from js_etl import cli
 from js_etl.backfill import run as backfill_module
@@ -213,6 +213,46 @@ def test_a_concurrent_append_makes_the_merge_retry_instead_of_duplicating(
     assert seqs(spark, table) == list(range(1, 101))
 
 
+@pytest.mark.slow
+def test_a_backfill_killed_mid_merge_then_run_again_writes_every_message_once(
+        spark, js, names, nats_server, tmp_path):
+    """SIGKILL of the process running ``js-etl backfill`` while its MERGE runs (held in a task
+    by the fault point). On a classic session the MERGE dies with the driver; a Spark Connect
+    client's MERGE goes on in the server after the client died, and races the next run's. Either
+    way the next run leaves every message once: a MERGE that read the table before another's
+    commit cannot commit after it."""
+    add_stream(js, names)
+    publish_and_wait(js, names, numbered(names, 1, 301))
+    table, gate = tmp_path / "table", tmp_path / "gate"
+    gate.mkdir()
+    args = [a for s in settings(names, nats_server, table) for a in ("--set", s)]
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).with_name("js-etl")), "backfill", *args, "--from-seq", "1",
+         "--to-seq", "300"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "JS_ETL_FAULT": "hold_mid_merge", "JS_ETL_FAULT_GATE": str(gate)})
+    try:
+        wait_until(lambda: (gate / "held").exists() or proc.poll() is not None, timeout=300,
+                   what="the backfill's MERGE held in its task")
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        proc.kill()  # SIGKILL
+        proc.communicate(timeout=120)
+    finally:
+        (gate / "release").touch()  # a Connect server's orphaned MERGE goes on from here
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == -9
+
+    report = run_backfill(spark, make_config(names, nats_server, table),
+                          RangeRequest.parse(from_seq=1, to_seq=300), drain_target=None)
+
+    from deltalake import DeltaTable  # an independent reader of what every MERGE committed
+
+    written = DeltaTable(str(table)).to_pyarrow_table(columns=["seq"]).column("seq").to_pylist()
+    assert sorted(written) == list(range(1, 301))
+    assert report.messages_written + report.already_present == 300
+
+
 def test_parallel_sub_ranges_add_up_to_exactly_the_range(spark, js, names, nats_server,
                                                          tmp_path):
     assert split_range(1, 1000, 3) == [(1, 333), (334, 666), (667, 1000)]
@@ -232,6 +272,7 @@ def test_parallel_sub_ranges_add_up_to_exactly_the_range(spark, js, names, nats_
     assert js.stream_info(names.stream).state.consumer_count == 0
 
 
+@pytest.mark.nats_side  # which sequences: the Spark side is the other tests'
 def test_the_durable_consumer_is_unchanged_and_filters_apply(spark, js, names, nats_server,
                                                             tmp_path):
     add_stream(js, names)
@@ -256,6 +297,7 @@ def test_the_durable_consumer_is_unchanged_and_filters_apply(spark, js, names, n
     assert js.stream_info(names.stream).state.consumer_count == 1  # only the durable one
 
 
+@pytest.mark.nats_side  # which sequences: the Spark side is the other tests'
 def test_time_bounds_pick_the_messages_stored_in_the_window(spark, js, names, nats_server,
                                                             tmp_path):
     add_stream(js, names)
