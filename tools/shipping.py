@@ -110,8 +110,10 @@ def _bare_venv(dest: Path) -> list[str]:
     which saves the venv's own ensurepip); the pip command that installs into it."""
     base = getattr(sys, "_base_executable", PYTHON)  # the venv's base interpreter
     _run([base, "-m", "venv", "--without-pip", str(dest)])
+    # --no-compile: Python compiles what it imports; pip would compile every file (pyspark's
+    # thousands) up front.
     return [PYTHON, "-m", "pip", "--python", str(dest / "bin" / "python"), "install", "-q",
-            "--disable-pip-version-check"]
+            "--disable-pip-version-check", "--no-compile"]
 
 
 def executor_requirements() -> list[str]:

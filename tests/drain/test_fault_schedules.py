@@ -24,7 +24,7 @@ from schedules import (
     run_schedule,
 )
 
-# One short schedule in ``make test`` (the suite must stay under 15 minutes on a 2-core box):
+# One short schedule in ``make test`` (the suite must stay under 25 minutes on a 2-core box):
 # 6302: column mapping on, ack_wait 2.5s, 12 partitions on local[2], 275 messages (27 poison);
 #       the NATS server restarts mid-run, then 22 commits by another writer.
 # 13462 (SIGKILL after a round's commit, before its acks; then 105 foreign commits and an
@@ -51,10 +51,12 @@ def test_fault_schedule_keeps_every_message_exactly_once(seed, tmp_path):
 
 # The same schedules with the tables in an S3 bucket (a real SeaweedFS: tools/object_store.py),
 # one on each writer: 11: column mapping off (the columnar writer), 2,107 messages (210 poison),
-# 4 partitions, SIGKILL 1.5 s after the lock; 2: column mapping on (Spark's writer through S3A and
-# js-etl's log store), 892 messages, 4 partitions, SIGKILL in the middle of a round's acks.
+# 4 partitions, SIGKILL 1.5 s after the lock; 128: column mapping on (Spark's writer through S3A
+# and js-etl's log store), 2,179 messages (43 poison), 6 partitions, SIGKILL in the middle of a
+# round's acks. 2 (the same kill, then a NATS restart mid-run, in rounds of 80) left the suite
+# for time (150 s in CI); replay it with JS_ETL_S3_SCHEDULE_SEED=2.
 # `JS_ETL_S3_SCHEDULE_SEED=<seed>[,...]` replays others; `make soak S3=1` draws random ones there.
-FIXED_S3_SEEDS = (11, 2)
+FIXED_S3_SEEDS = (11, 128)
 
 
 def _s3_seeds() -> list[int]:
