@@ -190,20 +190,16 @@ _SESSION_CONF = {"spark.sql.codegen.factoryMode": "NO_CODEGEN"}
 
 
 @pytest.fixture(scope="session")
-def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+def spark(request: pytest.FixtureRequest) -> Iterator[object]:
     """The one SparkSession for the whole test session: 2 cores, and a failed task is retried
     once (local[2,2]), as a cluster would; UI off, UTC, Delta; per-task projections interpreted
-    (_SESSION_CONF). With ``JS_ETL_TEST_SPARK=connect``, the same settings on a Spark Connect
-    server (tools/spark_connect.py) this fixture starts and stops, and a client of it."""
+    (_SESSION_CONF). With ``JS_ETL_TEST_SPARK=connect``, a client of the Spark Connect server
+    ``SPARK_REMOTE`` names, else of :func:`spark_connect_server` (the same settings)."""
     if SPARK_MODE == "connect":
         from pyspark.sql import SparkSession
 
-        from tools.spark_connect import LocalSparkConnectServer
-
         given = os.environ.get("SPARK_REMOTE")  # a server the caller started
-        server = None if given else LocalSparkConnectServer(
-            tmp_path_factory.mktemp("spark-connect"), conf=_SESSION_CONF).start()
-        url = given or server.url  # type: ignore[union-attr]
+        url = given or request.getfixturevalue("spark_connect_server").url
         # As a user points js-etl's commands at a server: they run in this process too.
         os.environ["SPARK_REMOTE"] = url
         session = SparkSession.builder.remote(url).getOrCreate()
@@ -211,8 +207,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
             yield session
         finally:
             session.stop()
-            if server is not None:
-                server.stop()
+            if not given:
                 del os.environ["SPARK_REMOTE"]
         return
     from js_etl.spark.session import local_session

@@ -14,7 +14,6 @@ from this venv: a user ships them to a server the same way, as the server's envi
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -24,13 +23,9 @@ from typing import Self
 from js_etl.demo.server import free_port, stop_process, wait_for
 from js_etl.spark.jars import delta_artifacts
 from js_etl.spark.session import DELTA_CONF, local_jvm_options
+from tools.spark_cluster import SPARK_SUBMIT
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
-
-
-def spark_submit() -> str:
-    found = Path(sys.executable).with_name("spark-submit")
-    return str(found) if found.exists() else shutil.which("spark-submit") or "spark-submit"
 
 
 class LocalSparkConnectServer:
@@ -66,7 +61,7 @@ class LocalSparkConnectServer:
 
     def start(self, timeout: float = 180.0) -> Self:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        cmd = [spark_submit(), "--master", "local[2,2]", "--class", SERVER_CLASS,
+        cmd = [str(SPARK_SUBMIT), "--master", "local[2,2]", "--class", SERVER_CLASS,
                "--name", "js-etl Spark Connect server",
                *(arg for key, value in self.conf().items() for arg in ("--conf", f"{key}={value}")),
                "spark-internal"]
