@@ -28,7 +28,7 @@ from schedules import (
 # 6302: column mapping on, ack_wait 2.5s, 12 partitions on local[2], 275 messages (27 poison);
 #       the NATS server restarts mid-run, then 22 commits by another writer.
 # 13462 (SIGKILL after a round's commit, before its acks; then 105 foreign commits and an
-# OPTIMIZE) left the suite for time (92 s): each of its pieces has its own test —
+# OPTIMIZE) left the suite for time: each of its pieces has its own test —
 # test_faults.py::test_driver_sigkilled_then_recovery_run[kill_after_commit] and, in
 # test_exactly_once.py, test_rounds_and_fence_survive_a_hundred_commits_of_another_writer and
 # test_column_mapping_and_optimize_vacuum_before_the_fence — and `make soak` draws random
@@ -54,7 +54,7 @@ def test_fault_schedule_keeps_every_message_exactly_once(seed, tmp_path):
 # 4 partitions, SIGKILL 1.5 s after the lock; 128: column mapping on (Spark's writer through S3A
 # and js-etl's log store), 2,179 messages (43 poison), 6 partitions, SIGKILL in the middle of a
 # round's acks. 2 (the same kill, then a NATS restart mid-run, in rounds of 80) left the suite
-# for time (150 s in CI); replay it with JS_ETL_S3_SCHEDULE_SEED=2.
+# for time; replay it with JS_ETL_S3_SCHEDULE_SEED=2.
 # `JS_ETL_S3_SCHEDULE_SEED=<seed>[,...]` replays others; `make soak S3=1` draws random ones there.
 FIXED_S3_SEEDS = (11, 128)
 
