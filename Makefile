@@ -27,8 +27,9 @@ demo: setup
 	$(BIN)/js-etl demo
 
 # TEST_WORKERS pytest-xdist workers, each its own nats-server and SparkSession; an idle worker
-# takes tests the other has not started (tests/conftest.py puts the longest files first).
-TEST_WORKERS ?= 2
+# takes tests another has not started (tests/conftest.py puts the longest files first). Three on
+# the 2-core box: much of a test's time is spent waiting on servers and subprocesses.
+TEST_WORKERS ?= 3
 test: setup lint docs
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not bench_cluster"
 

@@ -169,7 +169,7 @@ def _drain(config: JobConfig, report_file: str | None, spark_submit: bool) -> in
     from js_etl.drain.preflight import check_drain
     from js_etl.drain.run import run_drain
     from js_etl.drain.writers.columnar_plan import expects_columnar
-    from js_etl.spark.session import job_session
+    from js_etl.spark.session import is_connect, job_session
 
     options, _ = check_drain(config)
     spark = job_session(config.spark, spark_submit=spark_submit,
@@ -192,7 +192,7 @@ def _drain(config: JobConfig, report_file: str | None, spark_submit: bool) -> in
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     progress = progress_for(sys.stderr)
-    if isinstance(progress, TerminalProgress):
+    if isinstance(progress, TerminalProgress) and not is_connect(spark):
         # Spark's warnings would print over the progress line: only its errors while it shows.
         spark.sparkContext.setLogLevel("ERROR")
     report = run_drain(spark, config, options=options, stop=terminated, progress=progress)

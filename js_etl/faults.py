@@ -21,6 +21,10 @@ it; an unknown name is refused so a typo cannot silently test nothing.
 * ``hold_after_fetch`` — the driver stops after the first round's fetch has run, writes
   ``$JS_ETL_FAULT_GATE/held`` and waits until the test creates ``$JS_ETL_FAULT_GATE/release``
   (a test acts on a run in the middle of a round — a signal, a second run — whatever the timing);
+* ``hold_mid_fetch`` — a fetch task, once a pull delivered to it, writes the round's deadline
+  (epoch seconds) to ``$JS_ETL_FAULT_GATE/held`` and waits for ``$JS_ETL_FAULT_GATE/release``
+  (a test kills the driver while the round's fetch runs: over Spark Connect the task outlives
+  the client);
 * ``hold_mid_merge`` — the backfill's MERGE reads its rows through one task that writes
   ``$JS_ETL_FAULT_GATE/held`` and waits for ``$JS_ETL_FAULT_GATE/release`` (a test kills the
   driver, or a Spark Connect client, while its MERGE runs).
@@ -31,6 +35,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -44,7 +49,7 @@ ENV = "JS_ETL_FAULT"
 POINTS = frozenset({"kill_after_fetch", "kill_after_commit", "kill_mid_ack", "fail_fetch_task",
                     "fail_write_task", "stall_before_ack", "late_fetch_tasks",
                     "slow_task_start", "lose_checkpoint", "hold_after_fetch",
-                    "hold_mid_merge"})
+                    "hold_mid_fetch", "hold_mid_merge"})
 GATE_ENV = "JS_ETL_FAULT_GATE"
 
 
@@ -99,6 +104,26 @@ def held_in_a_task(point: str, df: DataFrame) -> DataFrame:
         yield from batches
 
     return df.coalesce(1).mapInArrow(held, df.schema)
+
+
+def task_gate(point: str) -> str | None:
+    """The gate folder of ``point`` for a task to hold at (:func:`hold_task`), if it is armed."""
+    return str(_gate(point)) if armed() == point else None
+
+
+def hold_task(gate: str | None, note: str) -> None:
+    """On an executor: if the driver armed a task gate (:func:`task_gate`), write ``note`` to
+    its ``held`` file, once per gate, and wait for its ``release``."""
+    if gate is None:
+        return
+    held, release = Path(gate) / "held", Path(gate) / "release"
+    if release.exists():
+        return
+    written = Path(gate) / f"held.{uuid.uuid4().hex}"  # one per task: several may hold
+    written.write_text(note)
+    written.replace(held)  # whole, for a test that reads it at once
+    while not release.exists():
+        time.sleep(0.05)
 
 
 def _gate(point: str) -> Path:

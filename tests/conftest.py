@@ -46,10 +46,10 @@ _counter = itertools.count(1)
 # session switches pyspark into Connect mode for its whole process.
 SPARK_MODE = os.environ.get("JS_ETL_TEST_SPARK", "classic")
 
-# `make test` runs the suite on two pytest-xdist workers (--dist worksteal): each worker is its
-# own process with its own nats-server, SparkSession, Airflow home and (when a test there needs
+# `make test` runs the suite on pytest-xdist workers (--dist worksteal; Makefile TEST_WORKERS):
+# each worker is its own process with its own nats-server, SparkSession, Airflow home and (when a test there needs
 # them) 3-node nats-server and Spark standalone clusters. A worker that runs out of tests takes
-# half of what the other has not started. The files whose tests take longest are put first, so
+# half of what another has not started. The files whose tests take longest are put first, so
 # no long test is left to start last: in a clean-clone run of 2026-11-25 (--dist loadgroup,
 # collection order) one worker ran test_cli.py's two spark-submit tests (59 s) at the end while
 # the other sat idle, its tests summing to 747 s against 806 s; with this order the two workers'
@@ -98,10 +98,13 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     tests = Path(__file__).resolve().parent
     if SPARK_MODE == "connect":
-        # Over Spark Connect only what runs on the session runs again; the rest (NATS only:
-        # no session, or marker nats_side; the classic session's JVM API: marker
-        # classic_spark) was tested once already.
-        kept = [item for item in items if "spark" in getattr(item, "fixturenames", ())
+        # Over Spark Connect only what runs on the session runs again, and (marker
+        # connect_leg) what runs `js-etl drain` processes, given a server SPARK_REMOTE names for
+        # them; the rest (NATS only: no session, or marker nats_side;
+        # the classic session's JVM API: marker classic_spark) was tested once already.
+        kept = [item for item in items if ("spark" in getattr(item, "fixturenames", ())
+                                           or (item.get_closest_marker("connect_leg")
+                                               and os.environ.get("SPARK_REMOTE")))
                 and item.get_closest_marker("classic_spark") is None
                 and item.get_closest_marker("nats_side") is None]
         config.hook.pytest_deselected(items=[item for item in items if item not in kept])

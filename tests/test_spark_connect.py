@@ -1,12 +1,12 @@
-"""js-etl over Spark Connect: a real Spark Connect server (tools/spark_connect.py), the data
-source's and the backfill's tests run again as its client, and the drain's refusal.
+"""js-etl over Spark Connect: a real Spark Connect server (tools/spark_connect.py), and tests of
+the classic suite run again as its client, with the same assertions.
 
-The tests of tests/source/test_source.py and tests/backfill/test_backfill.py that use the
-session run a second time in a pytest of their own with ``JS_ETL_TEST_SPARK=connect`` and
-``SPARK_REMOTE`` naming the server (tests/conftest.py), with the same assertions; those marked
-``classic_spark`` (the classic session's JVM API) or ``nats_side`` (their subject is not the
-session) are not run there. A Connect session
-switches pyspark into Connect mode for its whole process, hence the second pytest."""
+Each leg is a pytest of its own with ``JS_ETL_TEST_SPARK=connect`` and ``SPARK_REMOTE`` naming
+the server (tests/conftest.py): a Connect session switches pyspark into Connect mode for its
+whole process. There the ``spark`` fixture is a Connect client, every ``js-etl drain`` a test
+starts goes to the server, and a table is read back by deltalake, not by the server under test.
+Tests marked ``classic_spark`` (the classic session's JVM API) or ``nats_side`` (their subject
+is not the session) are not run again."""
 
 from __future__ import annotations
 
@@ -17,39 +17,76 @@ import sys
 from pathlib import Path
 
 import pytest
+from streams import add_stream, pub
 
 REPO = Path(__file__).resolve().parents[1]
-BOTH_MODES = ("tests/source/test_source.py", "tests/backfill/test_backfill.py")
+
+# The data source's and the backfill's tests that use the session: all of them.
+SOURCE_AND_BACKFILL = ("tests/source/test_source.py", "tests/backfill/test_backfill.py")
+
+# The drain's exactly-once cases, one of each kind (their files pass whole over Connect too):
+# both writers, dead letters, a failed fetch task attempt, the client SIGKILLed at a fault point
+# and while a fetch task it started holds deliveries in the server, and a randomized schedule.
+DRAIN = (
+    "tests/drain/test_drain.py::test_drains_every_message_exactly_once_with_origin_columns",
+    "tests/drain/test_drain.py::test_json_decoded_on_schema_and_bad_payloads_dead_lettered",
+    "tests/drain/test_drain.py::test_a_first_write_that_never_committed_does_not_block_the_next_run",
+    "tests/drain/test_faults.py::test_driver_sigkilled_then_recovery_run[kill_mid_ack]",
+    "tests/drain/test_faults.py::test_a_driver_killed_while_a_fetch_task_holds_deliveries_then_recovery_run",
+    "tests/drain/test_faults.py::test_failed_task_attempt_is_retried_and_never_acked[fail_fetch_task]",
+    "tests/drain/test_fault_schedules.py::test_fault_schedule_keeps_every_message_exactly_once",
+)
+# 209 messages (4 poison), ack_wait 3 s, 10 partitions of 20-message pulls: the first drain is
+# SIGKILLed 3.3 s after it took its lock, then clean drains until one reports drained.
+CONNECT_SCHEDULE_SEED = "8375"
+
+
+def _connect_leg(server_url: str, tests: tuple[str, ...], **env: str) -> dict[str, int]:
+    """Run ``tests`` as a Spark Connect client of the server; fail on any failure, error or
+    skip; return pytest's counts."""
+    ran = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+        capture_output=True, text=True, timeout=1200, check=False, cwd=REPO,
+        env={**os.environ, "JS_ETL_TEST_SPARK": "connect", "SPARK_REMOTE": server_url, **env})
+    summary = ran.stdout.strip().splitlines()[-1]
+    assert ran.returncode == 0, ran.stdout[-6000:] + ran.stderr[-2000:]
+    counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (\w+)", summary)}
+    assert set(counts) <= {"passed", "deselected", "warning", "warnings"}, summary
+    return counts
 
 
 @pytest.mark.slow
 def test_the_source_and_backfill_tests_pass_over_spark_connect(spark_connect_server):
-    env = {**os.environ, "JS_ETL_TEST_SPARK": "connect", "SPARK_REMOTE": spark_connect_server.url}
-    ran = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                          *BOTH_MODES], capture_output=True, text=True, timeout=1200,
-                         check=False, env=env, cwd=REPO)
-    summary = ran.stdout.strip().splitlines()[-1]
-    assert ran.returncode == 0, ran.stdout[-6000:] + ran.stderr[-2000:]
-    counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (\w+)", summary)}
-    # None failed, erred or was skipped:
-    assert set(counts) <= {"passed", "deselected", "warning", "warnings"}, summary
-    assert counts["passed"] >= 15, summary  # the data source's and the backfill's own tests
+    counts = _connect_leg(spark_connect_server.url, SOURCE_AND_BACKFILL)
+    assert counts["passed"] >= 17, counts  # the data source's and the backfill's own tests
 
 
-def test_the_drain_refuses_a_spark_connect_session_in_one_line(spark_connect_server, names,
-                                                               js, nats_server, tmp_path):
-    js.run(js.admin.add_stream(names.stream, [names.subject]))
+@pytest.mark.slow
+def test_the_drains_exactly_once_cases_pass_over_spark_connect(spark_connect_server):
+    counts = _connect_leg(spark_connect_server.url, DRAIN,
+                          JS_ETL_SCHEDULE_SEED=CONNECT_SCHEDULE_SEED)
+    assert counts == {"passed": 8}, counts  # the first-write case runs on both writers
+
+
+def test_a_drain_over_spark_connect_refuses_a_table_the_client_cannot_reach_in_one_line(
+        spark_connect_server, names, js, nats_server, tmp_path):
+    """The lock and the table reads are the client's: a Hadoop-only location fails before any
+    fetch, with the exit code of a configuration error, and the consumer is left as it was."""
+    add_stream(js, names)
+    pub(js, f"{names.prefix}.a", 1)
     config = tmp_path / "job.yaml"
     config.write_text(
         f"nats: {{servers: ['{nats_server.url}']}}\n"
         f"source: {{stream: {names.stream}, consumer: {names.consumer}, "
         "create_consumer: true}\n"
-        f"target: {{path: '{tmp_path / 'table'}'}}\n")
+        "target: {path: 'hdfs://127.0.0.1:9/js-etl/table'}\n")
     ran = subprocess.run([str(Path(sys.executable).with_name("js-etl")), "drain", "--config",
                           str(config)], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "SPARK_REMOTE": spark_connect_server.url},
                          cwd=tmp_path)
     assert ran.returncode == 2, ran.stdout[-2000:] + ran.stderr[-2000:]
-    lines = ran.stderr.strip().splitlines()
-    assert lines[-1].startswith("js-etl: ConfigError: the drain needs a classic Spark session")
-    assert not (tmp_path / "table").exists()
+    assert ran.stderr.strip().splitlines()[-1].startswith(
+        "js-etl: ConfigError: over Spark Connect the drain keeps its lock and reads its tables "
+        "from the client, which has no Hadoop for hdfs://127.0.0.1:9/js-etl/table")
+    info = js.consumer_info(names.stream, names.consumer)
+    assert (info.num_pending, info.num_ack_pending, info.delivered.consumer_seq) == (1, 0, 0)

@@ -11,9 +11,14 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from js_etl.delta.table import CommitTag, DeltaTarget, create_empty
+from js_etl.delta.table import (
+    CommitTag,
+    DeltaTarget,
+    create_empty,
+    lost_to_another_commit,
+    plain_types,
+)
 from js_etl.errors import TransientError
-from js_etl.spark.session import is_connect
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -43,7 +48,7 @@ def merge_new_rows(spark: SparkSession, table: DeltaTarget, source: DataFrame, t
     runs alike on a classic session and over Spark Connect (whose Spark 4.2 servers have no
     Delta Connect plugin for Delta's Python API).
     """
-    source = _plain_types(spark, source)
+    source = plain_types(spark, source)
     view = f"jsetl_merge_{uuid.uuid4().hex}"
     source.createOrReplaceTempView(view)
     evolution = "WITH SCHEMA EVOLUTION " if merge_schema else ""
@@ -59,7 +64,7 @@ def merge_new_rows(spark: SparkSession, table: DeltaTarget, source: DataFrame, t
                     metrics = spark.sql(statement).first()
                 break
             except Exception as e:
-                if not lost_to_a_concurrent_commit(e):
+                if not lost_to_another_commit(e, same_job=True):
                     raise
                 if attempt == MERGE_ATTEMPTS:
                     raise TransientError(
@@ -75,43 +80,6 @@ def merge_new_rows(spark: SparkSession, table: DeltaTarget, source: DataFrame, t
     inserted = int(metrics["num_inserted_rows"]) if metrics is not None else 0
     version, source_rows = _merge_commit(spark, table, tag)
     return MergeResult(inserted, source_rows, version)
-
-
-def _plain_types(spark: SparkSession, df: DataFrame) -> DataFrame:
-    """Over Spark Connect, ``df`` with each column cast to its type as written: there a
-    ``mapInArrow`` result's strings are explicitly collated, which Delta writes into the table's
-    schema as ``string collate UTF8_BINARY``, a type deltalake (and so js-etl's own reads)
-    refuses (pyspark 4.2.0; docs/design/spark-connect.md)."""
-    if not is_connect(spark):
-        return df
-    return df.select(*(df[f.name].cast(f.dataType.simpleString()).alias(f.name)
-                       for f in df.schema.fields))
-
-
-# Delta's SQLSTATE for every commit that lost to another's (DELTA_CONCURRENT_APPEND, _WRITE,
-# _TRANSACTION, _DELETE_READ, DELTA_METADATA_CHANGED, DELTA_PROTOCOL_CHANGED …), as Spark
-# Connect's errors carry it; a classic session raises Delta's Python classes, without it.
-_CONCURRENT_MODIFICATION = "2D521"
-
-
-def lost_to_a_concurrent_commit(error: BaseException) -> bool:
-    from delta.exceptions import (
-        ConcurrentAppendException,
-        ConcurrentDeleteReadException,
-        ConcurrentTransactionException,
-        ConcurrentWriteException,
-        DeltaConcurrentModificationException,
-        MetadataChangedException,
-        ProtocolChangedException,
-    )
-
-    if isinstance(error, ConcurrentAppendException | ConcurrentDeleteReadException
-                  | ConcurrentTransactionException | ConcurrentWriteException
-                  | DeltaConcurrentModificationException | MetadataChangedException
-                  | ProtocolChangedException):
-        return True
-    state = getattr(error, "getSqlState", None)
-    return callable(state) and state() == _CONCURRENT_MODIFICATION
 
 
 def _condition(error: BaseException) -> str:

@@ -189,7 +189,13 @@ class DeltaTarget:
                 "(the fence and the acks read them); write into a new table or path")
 
     def _snapshot(self, spark: SparkSession) -> Any:
-        """Delta's own, freshly updated snapshot of the table (the one its writer uses)."""
+        """Delta's own, freshly updated snapshot of the table (the one its writer uses). Over
+        Spark Connect there is none to reach (no py4j, and Delta publishes no Delta Connect
+        for Spark 4.2): there the table must be one ``deltalake`` reads."""
+        if is_connect(spark):
+            raise ConfigError(f"over Spark Connect js-etl reads {self}'s log with deltalake, "
+                              "which cannot read it (a feature or location it does not "
+                              "support): run this job on a classic Spark session")
         log = java_class(spark, "org.apache.spark.sql.delta.DeltaLog").forTable(
             spark._jsparkSession, self.location(spark))
         none = java_class(spark, "scala.Option").empty()
@@ -245,7 +251,7 @@ class DeltaTarget:
         round's rows while the run went on to ack them.
         """
         _, before = self.job_round(spark, tag.job)
-        writer = (df.write.format("delta").mode("append")
+        writer = (plain_types(spark, df).write.format("delta").mode("append")
                   .option("txnAppId", tag.job).option("txnVersion", str(tag.round))
                   .option("userMetadata", tag.to_json()))
         if partition_by:
@@ -259,7 +265,9 @@ class DeltaTarget:
                 else:
                     writer.save(self.path)
                 break
-            except _lost_to_another_writer() as e:
+            except Exception as e:
+                if not lost_to_another_commit(e, same_job=False):
+                    raise
                 # Delta refused this commit because another writer committed first (e.g. made
                 # version 0 of a new table too): nothing of it is in the table, so it is made
                 # again on the table as it now is. The round's rows are a checkpoint: the same.
@@ -388,17 +396,49 @@ def _features(protocol: Any) -> frozenset[str]:
     return frozenset(protocol.reader_features or ()) | frozenset(protocol.writer_features or ())
 
 
-def _lost_to_another_writer() -> tuple[type[Exception], ...]:
-    """Delta's refusals of a blind append that another writer's commit came before. Not
-    ConcurrentTransactionException: that is another commit of the same job (its txnAppId), which
-    the lease and the lock keep out."""
-    from delta.exceptions import (
+# Delta's SQLSTATE for every commit that lost to another's (DELTA_CONCURRENT_APPEND, _WRITE,
+# _TRANSACTION, _DELETE_READ, DELTA_METADATA_CHANGED, DELTA_PROTOCOL_CHANGED …), as Spark
+# Connect's errors carry it; a classic session raises Delta's Python classes, without it.
+CONCURRENT_MODIFICATION = "2D521"
+
+
+def lost_to_another_commit(error: BaseException, *, same_job: bool) -> bool:
+    """Whether Delta refused a commit because another writer's came first, so that nothing of
+    it is in the table and it may be made again on the table as it now is. ``same_job``: also
+    when that commit was of the same application transaction (``txnAppId``:
+    ConcurrentTransactionException), which for a drain's append is another run of its job — the
+    lease and the lock keep those out, so one is not retried."""
+    from delta.exceptions import (  # Python classes of their own, no common base
         ConcurrentAppendException,
+        ConcurrentDeleteReadException,
+        ConcurrentTransactionException,
+        ConcurrentWriteException,
+        DeltaConcurrentModificationException,
         MetadataChangedException,
         ProtocolChangedException,
     )
 
-    return ProtocolChangedException, MetadataChangedException, ConcurrentAppendException
+    condition = getattr(error, "getCondition", None)
+    if (isinstance(error, ConcurrentTransactionException)
+            or (callable(condition) and condition() == "DELTA_CONCURRENT_TRANSACTION")):
+        return same_job
+    if isinstance(error, ConcurrentAppendException | ConcurrentDeleteReadException
+                  | ConcurrentWriteException | DeltaConcurrentModificationException
+                  | MetadataChangedException | ProtocolChangedException):
+        return True
+    state = getattr(error, "getSqlState", None)
+    return callable(state) and state() == CONCURRENT_MODIFICATION
+
+
+def plain_types(spark: SparkSession, df: DataFrame) -> DataFrame:
+    """Over Spark Connect, ``df`` with each column cast to its type as written: there a
+    ``mapInArrow`` result's strings are explicitly collated, which Delta writes into the table's
+    schema as ``string collate UTF8_BINARY``, a type deltalake (and so js-etl's own reads)
+    refuses (pyspark 4.2.0; docs/design/spark-connect.md). Unchanged on a classic session."""
+    if not is_connect(spark):
+        return df
+    return df.select(*(df[f.name].cast(f.dataType.simpleString()).alias(f.name)
+                       for f in df.schema.fields))
 
 
 def _checkpoint_as_spark_would(table: Any, target: DeltaTarget) -> None:
@@ -569,7 +609,7 @@ def log_actions(spark: SparkSession, location: str, version: int) -> list[dict[s
     """The actions of commit ``version``, read from its log file on the driver (no Spark job):
     through the object store's client for its URL, else Hadoop's FileSystem (any store Spark can
     write). Raises FileNotFoundError (or Py4JJavaError, through Hadoop) when it is gone."""
-    if object_store_url(location):
+    if object_store_url(location) or is_connect(spark):  # (no Hadoop on a Connect client)
         name = f"_delta_log/{version:020d}.json"
         data = TableFiles(location).read(name)
         if data is None:
@@ -587,7 +627,7 @@ def log_actions(spark: SparkSession, location: str, version: int) -> list[dict[s
 def create_empty(table: DeltaTarget, source: DataFrame, partition_by: list[str]) -> None:
     """Create a missing table with the source's schema (``limit(0)``: nothing is computed), so
     that even the first backfill writes through MERGE."""
-    writer = source.limit(0).write.format("delta").mode("append")
+    writer = plain_types(source.sparkSession, source.limit(0)).write.format("delta").mode("append")
     if partition_by:
         writer = writer.partitionBy(*partition_by)
     if table.table:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from js_etl.faults import fail_first_attempt, start_late
+from js_etl.faults import fail_first_attempt, hold_task, start_late
 from js_etl.jetstream import ConnectionOptions, JetStreamSession, PullEnd
 from js_etl.jetstream.arrow import raise_for_pull, task_gc, to_record_batch
 from js_etl.jetstream.pull import PriorityGroupRequest, PullResult
@@ -49,13 +49,14 @@ class FetchPlan:
     priority_group: PriorityGroupRequest | None = None  # a priority-group consumer's fields
     fault: str | None = None  # test-only fault point, see js_etl.faults
     fault_seconds: float = 0.0  # ... and how long a delaying fault point waits
+    fault_gate: str | None = None  # ... and where a holding one waits (js_etl.faults.hold_task)
 
 
 def fetch_partition(plan: FetchPlan, elements: Iterator[object],
                     held: Callable[[], int] | None = None) -> Iterator[pa.RecordBatch]:
     """The pulls of one task of a round, one task per partition. Its input ``elements`` (one,
-    its index: a row of ``spark.range(partitions)`` for the Spark writer's ``mapInArrow``, an
-    int for the columnar writer's ``mapPartitions``) carry nothing it needs.
+    its index: a row of ``spark.range(partitions)`` for a ``mapInArrow``, an int for the
+    columnar writer's ``mapPartitions``) carry nothing it needs.
 
     ``held``: how many bytes of the batches yielded so far the caller still holds, checked
     against ``plan.held_bytes`` before every pull; by default all the pulls' bytes (Spark's
@@ -113,6 +114,7 @@ def fetch_partition(plan: FetchPlan, elements: Iterator[object],
                     # Every task's first attempt, once it holds deliveries (whichever partition
                     # gets them: another one may have drained the stream first).
                     fail_first_attempt("fail_fetch_task", plan.fault)
+                    hold_task(plan.fault_gate, repr(plan.deadline))
                 if result.end in (PullEnd.NO_MESSAGES, PullEnd.REQUESTS_PENDING,
                                   PullEnd.DEADLINE, PullEnd.PIN_MISMATCH):
                     # Drained for now, at max_ack_pending, or not (or no longer) the pinned

@@ -32,8 +32,8 @@ from urllib.parse import urlparse
 from js_etl.delta.rules import object_store_url
 from js_etl.delta.store import TableFiles
 from js_etl.durable.owner import LockOwner
-from js_etl.errors import RunRefusedError, TerminalError
-from js_etl.spark.session import hadoop_path, java_class
+from js_etl.errors import ConfigError, RunRefusedError, TerminalError
+from js_etl.spark.session import hadoop_path, is_connect, java_class
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -168,6 +168,10 @@ def _files_for(spark: SparkSession, path: str) -> Any:
         return _TableFile(parsed.path if parsed.scheme else path)
     if object_store_url(path):
         return _TableFile(path)
+    if is_connect(spark):
+        raise ConfigError(f"over Spark Connect the drain keeps its lock and reads its tables "
+                          f"from the client, which has no Hadoop for {path}: use a local path "
+                          "the client and the server share, or an s3:// URL")
     return _HadoopFile(spark, path)
 
 

@@ -78,7 +78,7 @@ from js_etl.jetstream import (
 from js_etl.report import LogProgress, Progress, RunReport, StopReason
 from js_etl.schema import RAW_DDL
 from js_etl.spark.failures import failure_reason, is_transient
-from js_etl.spark.session import configure_s3a, is_connect
+from js_etl.spark.session import configure_s3a, core_setting, is_connect
 
 if TYPE_CHECKING:
     from typing import Any
@@ -99,20 +99,9 @@ log = logging.getLogger("js_etl.drain")
 RECOVERY_SECONDS = 60.0
 
 
-def refuse_spark_connect(spark: SparkSession) -> None:
-    if is_connect(spark):
-        raise ConfigError("the drain needs a classic Spark session, not Spark Connect: its "
-                          "fetch is an RDD job and its commits and lock call the driver's JVM; "
-                          "run it with spark-submit or js-etl drain (SPARK_REMOTE unset), or "
-                          "read over Connect with the backfill or the nats_jetstream source")
-
-
 def refuse_speculation(spark: SparkSession) -> None:
-    # The SparkContext's own setting, the one its scheduler reads, as Spark reads a boolean
-    # (trimmed, any case: " TRUE" turns speculation on), in three py4j calls rather than a copy
-    # of the whole conf.
-    if str(spark.sparkContext._jsc.sc().conf().get("spark.speculation", "false")
-           ).strip().lower() == "true":
+    # As Spark reads a boolean (trimmed, any case: " TRUE" turns speculation on).
+    if core_setting(spark, "spark.speculation", "false").strip().lower() == "true":
         raise ConfigError("spark.speculation=true runs a fetch task twice and both attempts "
                           "pull from the consumer: run the drain with "
                           "--conf spark.speculation=false")
@@ -145,7 +134,6 @@ class Drain:
         self._fetch_end = 0.0  # wall time after which no task of the last round pulls
         self._recovery_deadline: float | None = None  # see _recovering
         self.writer: Writer | None = None  # chosen before the first round
-        refuse_spark_connect(spark)
         refuse_speculation(spark)
         # Checks decode.schema: a bad schema fails before any pull.
         self.decoder = Decoder(config.decode.format, config.decode.schema,
@@ -389,9 +377,12 @@ class Drain:
         consumer to answer again. Nothing of the round was committed; what its tasks received
         stays delivered, and the next round releases it."""
         self._recovering(error)
-        tracker = self.spark.sparkContext.statusTracker()
-        while tracker.getActiveJobsIds() and time.time() < self._fetch_end:
-            time.sleep(0.2)
+        if is_connect(self.spark):  # no status tracker: wait out the round's last pull
+            time.sleep(max(0.0, self._fetch_end - time.time()))
+        else:
+            tracker = self.spark.sparkContext.statusTracker()
+            while tracker.getActiveJobsIds() and time.time() < self._fetch_end:
+                time.sleep(0.2)
         self._consumer_info(js)
 
     # --- rounds -----------------------------------------------------------------------------
@@ -410,7 +401,8 @@ class Drain:
             deadline=time.time() + fetch_seconds(self.config, ack_wait) * self._window,
             priority_group=self._priority_group(), fault=self.fault,
             fault_seconds=(1.5 * fetch_seconds(self.config, ack_wait)
-                           if self.fault == "slow_task_start" else ack_wait + 1))
+                           if self.fault == "slow_task_start" else ack_wait + 1),
+            fault_gate=faults.task_gate("hold_mid_fetch"))
         self._fetch_end = plan.deadline + plan.pull_timeout  # no task pulls after it
         with self.report.phase("fetch"):
             return self.writer.fetch(plan, size.partitions, round_no)

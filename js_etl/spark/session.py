@@ -220,6 +220,25 @@ def is_connect(spark: SparkSession) -> bool:
     return type(spark).__module__.startswith("pyspark.sql.connect.")
 
 
+def core_setting(spark: SparkSession, key: str, default: str) -> str:
+    """A Spark core setting (``spark.speculation``) as the driver's SparkContext holds it, the
+    one its scheduler reads: through py4j on a classic session (three calls rather than a copy
+    of the whole conf); over Spark Connect, the server's session conf, which starts as a copy of
+    its SparkContext's."""
+    if is_connect(spark):
+        return str(spark.conf.get(key, default))
+    return str(spark.sparkContext._jsc.sc().conf().get(key, default))
+
+
+def driver_property(spark: SparkSession, name: str) -> str:
+    """A Java system property of the Spark driver's JVM (the server's, over Spark Connect)."""
+    if is_connect(spark):
+        row = spark.sql("SELECT reflect('java.lang.System', 'getProperty', :name)",
+                        args={"name": name}).first()
+        return str(row[0]) if row is not None else ""
+    return str(java_class(spark, "java.lang.System").getProperty(name))
+
+
 def spark_jvm(spark: SparkSession) -> Any:
     """The driver's py4j view of the JVM: Delta's and Hadoop's Java API where PySpark has none
     (DeltaLog snapshots, Hadoop FileSystem reads). Classic Spark only; Spark Connect has none."""

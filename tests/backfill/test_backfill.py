@@ -126,7 +126,6 @@ def test_middle_range_into_an_empty_table_and_a_rerun_inserts_nothing(
     assert seqs(spark, table) == list(range(101, 201))
 
 
-@pytest.mark.classic_spark  # drains first: the drain needs a classic session
 def test_backfill_over_drained_rows_fills_gaps_and_leaves_the_rest_to_the_drain(
         spark, js, names, nats_server, tmp_path):
     add_stream(js, names)
@@ -453,7 +452,6 @@ def rewind_args(names: Any, nats_server: Any, table: Path, seq: int, *extra: str
             "--to-seq", str(seq), *extra]
 
 
-@pytest.mark.classic_spark  # drains first: the drain needs a classic session
 def test_rewind_then_drain_rereads_from_the_new_position(spark, js, names, nats_server,
                                                          tmp_path, capsys, monkeypatch):
     add_stream(js, names)

@@ -122,6 +122,7 @@ def test_partitioned_table_by_date_of_published_at(spark, js, names, nats_server
     assert {(r.text, r.date) for r in rows} == {("x", rows[0].published_at.date())}
 
 
+@pytest.mark.classic_spark  # counts Spark jobs through the SparkContext's status tracker
 def test_empty_consumer_ends_at_once_with_nothing_written(spark, js, names, nats_server,
                                                          tmp_path):
     add_stream(js, names)

@@ -42,6 +42,7 @@ def _seeds() -> list[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.connect_leg
 @pytest.mark.parametrize("seed", _seeds())
 def test_fault_schedule_keeps_every_message_exactly_once(seed, tmp_path):
     outcome = run_schedule(Schedule.draw(seed), tmp_path)

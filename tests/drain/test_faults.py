@@ -25,7 +25,7 @@ from drains import (
     events,
     setup_stream,
 )
-from streams import AfterEachRound, ack, nak, run_until
+from streams import AfterEachRound, ack, nak, run_until, wait_until
 
 from js_etl.demo.server import LocalNatsServer
 from js_etl.drain.lock import TableLock
@@ -67,6 +67,35 @@ def test_driver_sigkilled_then_recovery_run(fault, spark, js, names, nats_server
     assert_exactly_once(spark, js, names, table, good, bad)
 
 
+def test_a_driver_killed_while_a_fetch_task_holds_deliveries_then_recovery_run(
+        spark, js, names, nats_server, tmp_path):
+    """The driver is SIGKILLed while a round's fetch task holds deliveries (fault point
+    ``hold_mid_fetch``). On a classic session the task dies with the driver's JVM; over Spark
+    Connect the client dies and the task runs on in the server, released here at once: it pulls
+    nothing after the round's deadline (the fetch's own rule), and once that has passed the next
+    run takes every message exactly once — whatever the orphaned task wrote is never committed."""
+    messages, good, bad = events(names, 400, poison_every=50)
+    setup_stream(js, names, messages, ack_wait=3)
+    table, gate, marker = tmp_path / "table", tmp_path / "gate", uuid.uuid4().hex
+    gate.mkdir()
+    proc = drain_process(names, nats_server.url, table, "hold_mid_fetch", marker, gate=gate)
+    note = wait_until(lambda: ((gate / "held").exists() and (gate / "held").read_text())
+                      or proc.poll(), timeout=180, what="a fetch task held mid-round")
+    assert isinstance(note, str), proc.communicate()[1][-800:]  # else the run's exit code
+    proc.kill()
+    proc.communicate()
+    assert_no_process_left(marker)
+    (gate / "release").touch()  # an orphaned task (over Spark Connect) goes on
+    # The state every task of the dead round is past: its deadline plus one pull's timeout.
+    wait_until(time.time, lambda now: now > float(note) + 1.0, timeout=60,
+               what="the dead round's deadline")
+
+    run_drain(spark, config_for(names, nats_server.url, table))
+
+    assert_exactly_once(spark, js, names, table, good, bad)
+
+
+@pytest.mark.classic_spark  # drops the checkpoint's blocks through the SparkContext
 def test_an_executor_lost_after_the_checkpoint_is_transient_and_the_next_run_completes(
         spark, js, names, nats_server, tmp_path):
     """The round's checkpoint blocks vanish (the executor holding them died): the run fails with

@@ -81,8 +81,12 @@ def assert_exactly_once(spark: Any, js: JetStreamSession, names: Any, table: Pat
 
 
 def table_seqs(spark: Any, names: Any, table: str) -> list[int]:
-    """The sorted seqs of ``names.stream`` a table holds ([] where there is no table)."""
-    if table.startswith("s3://"):
+    """The sorted seqs of ``names.stream`` a table holds ([] where there is no table): read by
+    the session's Spark, or by deltalake where the table is in S3 or the session is a Spark
+    Connect client (a reader independent of the server under test)."""
+    from js_etl.spark.session import is_connect
+
+    if table.startswith("s3://") or is_connect(spark):
         from deltalake import DeltaTable
         from deltalake.exceptions import TableNotFoundError
 

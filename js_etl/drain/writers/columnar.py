@@ -3,9 +3,10 @@ Parquet files itself (:mod:`~js_etl.drain.writers.columnar_task`); the driver co
 Delta transaction per table and round. The JVM sees only what a round needs to decide and ack:
 one blob of keys per pull and one row per file.
 
-The round is one Spark job, an RDD's ``mapPartitions`` whose small output (keys and file
-descriptions) is collected on the driver, the only read of it: so the fetch runs exactly once
-without a checkpoint. What the rest of the round relies on:
+The round is one Spark job, a ``mapInArrow`` over one row a partition whose small output (keys
+and file descriptions) is collected on the driver, the only read of it: so the fetch runs
+exactly once without a checkpoint, on a classic session and over Spark Connect alike. What the
+rest of the round relies on:
 
 * **A failed task attempt's files are never committed.** Only files named in the collected
   output are committed; a failed attempt's stay in the directory unreferenced, as a failed Spark
@@ -50,10 +51,16 @@ from js_etl.drain.writers.columnar_plan import (
     dead_letter_schema,
     row_schema,
 )
-from js_etl.drain.writers.columnar_task import RoundOutput, fetch_decode_write
+from js_etl.drain.writers.columnar_task import (
+    TASK_OUTPUT_DDL,
+    RoundOutput,
+    fetch_task,
+    task_outputs,
+)
 from js_etl.drain.writers.spark import SparkWriter
 from js_etl.errors import TerminalError
 from js_etl.schema import PAYLOAD_BYTES, ROUND_DDL, round_arrow
+from js_etl.spark.session import is_connect
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -90,10 +97,10 @@ class ColumnarWriter(Writer):
         self.spark_writer = spark_writer  # for the rounds the file commit cannot take
 
     def fetch(self, plan: FetchPlan, partitions: int, round_no: int) -> ColumnarRound:
-        spark = self.context.spark
-        indexes = spark.sparkContext.parallelize(range(partitions), partitions)
-        return ColumnarRound(RoundOutput.of(indexes.mapPartitions(
-            partial(fetch_decode_write, plan, self.plan, round_no)).collect()))
+        tasks = self.context.spark.range(partitions, numPartitions=partitions)
+        rows = tasks.mapInArrow(partial(fetch_task, plan, self.plan, round_no),
+                                TASK_OUTPUT_DDL).toArrow()
+        return ColumnarRound(RoundOutput.of(task_outputs(rows)))
 
     def discard(self, fetched: ColumnarRound) -> None:
         # Copied into the dead-letter table by Spark's append by now; or the round failed,
@@ -305,5 +312,7 @@ def _session_conf_keys(spark: SparkSession) -> list[str]:
     """The names of the session's settings, in one answer from the JVM (PySpark's
     ``conf.getAll`` asks for each setting twice). A name holding a line break reads as two
     here; what uses them looks for a prefix, and a false match only makes Spark create the
-    table."""
+    table. Over Spark Connect, the server's answer to ``conf.getAll``."""
+    if is_connect(spark):
+        return list(spark.conf.getAll)
     return str(spark.conf._jconf.getAll().keySet().mkString("\n")).split("\n")

@@ -12,6 +12,7 @@ from js_etl.config.ddl import field_types
 from js_etl.delta.files import PartitionColumn
 from js_etl.delta.store import TableFiles, store_options, table_root
 from js_etl.schema import DEAD_LETTER, ORIGIN_COLUMNS, RAW_DDL, ddl
+from js_etl.spark.session import driver_property
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -121,10 +122,8 @@ def _times_problem(spark: SparkSession, kinds: list[str]) -> str | None:
     if fallback is not None and fallback.lower() != "true":
         return f"spark.sql.json.enableDateTimeParsingFallback is {fallback} (dates, timestamps)"
     if any(_TIMESTAMP.search(k) for k in kinds):
-        jvm = spark.sparkContext._jvm
-        assert jvm is not None  # the columnar writer runs on classic Spark
         ours = java_tzdb()
-        theirs = f"{jvm.java.lang.System.getProperty('java.home')}/lib/tzdb.dat"
+        theirs = f"{driver_property(spark, 'java.home')}/lib/tzdb.dat"
         if ours is None or os.path.realpath(ours) != os.path.realpath(theirs):
             return (f"the JVM's time zone rules ({theirs}) are not the ones the columnar "
                     f"decoder finds ({ours}: $JAVA_HOME, else java on the PATH)")

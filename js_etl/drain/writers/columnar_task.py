@@ -3,6 +3,7 @@ and dead letters to Parquet files, and return their keys and file descriptions."
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -14,6 +15,11 @@ from js_etl.drain.fetch import FetchPlan, fetch_partition
 from js_etl.drain.writers.columnar_plan import ColumnarPlan, keeps_payload
 from js_etl.faults import fail_first_attempt
 from js_etl.schema import dead_letter_arrow
+
+# A fetch task's output as a DataFrame's rows, one pickled TaskOutput each: the round is a
+# ``mapInArrow`` job, the same on a classic session and over Spark Connect (no RDD there).
+TASK_OUTPUT = pa.schema([("item", pa.binary())])
+TASK_OUTPUT_DDL = "item binary"
 
 KEY_SCHEMA = pa.schema([("seq", pa.int64()), ("consumer_seq", pa.int64()),
                         ("num_delivered", pa.int64()), ("dead", pa.bool_()),
@@ -55,9 +61,24 @@ class RoundOutput:
                    tuple(o.dead_letters for o in output if o.dead_letters is not None))
 
 
+def fetch_task(fetch: FetchPlan, plan: ColumnarPlan, round_no: int,
+               batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow`` body of a round's fetch job (one row a partition): the task's
+    :func:`fetch_decode_write`, as :data:`TASK_OUTPUT` rows."""
+    for output in fetch_decode_write(fetch, plan, round_no, batches):
+        yield pa.RecordBatch.from_arrays([pa.array([pickle.dumps(output)], pa.binary())],
+                                         schema=TASK_OUTPUT)
+
+
+def task_outputs(rows: pa.Table) -> list[TaskOutput]:
+    """The collected :data:`TASK_OUTPUT` rows of a round's tasks (pickled by the tasks above:
+    the round's own output, never outside data)."""
+    return [pickle.loads(item) for item in rows.column("item").to_pylist()]
+
+
 def fetch_decode_write(fetch: FetchPlan, plan: ColumnarPlan, round_no: int,
-                       elements: Iterator[int]) -> Iterator[TaskOutput]:
-    """``mapPartitions`` body over one element a partition: the fetch
+                       elements: Iterator[object]) -> Iterator[TaskOutput]:
+    """One task of a round's fetch: the fetch
     (:func:`~js_etl.drain.fetch.fetch_partition`), each pulled batch decoded, its good rows
     written on into one Parquet file per partition value and its dead letters into the task's
     dead-letter file (:class:`~js_etl.delta.files.TaskFiles`); yields the keys of each pull,

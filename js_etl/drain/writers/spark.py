@@ -25,6 +25,7 @@ from js_etl.drain.fetch import FetchPlan, fetch_partition
 from js_etl.drain.rounds import RoundStats
 from js_etl.drain.writers.base import Commit, Writer
 from js_etl.schema import PAYLOAD_BYTES, RAW_DDL
+from js_etl.spark.session import is_connect
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -155,6 +156,8 @@ class SparkWriter(Writer):
 
 def checkpoint(spark: SparkSession, df: DataFrame) -> SparkRound:
     """Evaluate ``df`` once, eagerly, into local checkpoint blocks."""
+    if is_connect(spark):  # the server keeps the checkpoint until the client drops it
+        return SparkRound(df.localCheckpoint(eager=True), frozenset())
     before = _persistent_rdds(spark)
     checkpointed = df.localCheckpoint(eager=True)
     return SparkRound(checkpointed, frozenset(_persistent_rdds(spark) - before))
@@ -162,7 +165,11 @@ def checkpoint(spark: SparkSession, df: DataFrame) -> SparkRound:
 
 def release_blocks(spark: SparkSession, rdd_ids: frozenset[int]) -> None:
     """Free checkpoint blocks now: ``DataFrame.unpersist`` does not reach a local checkpoint,
-    and waiting for the JVM's GC lets memory grow with the backlog."""
+    and waiting for the JVM's GC lets memory grow with the backlog. (Over Spark Connect there
+    are none to free here: the server frees a checkpoint when its client-side DataFrame is
+    garbage-collected.)"""
+    if not rdd_ids:
+        return
     rdds = spark.sparkContext._jsc.getPersistentRDDs()
     for rdd_id in rdd_ids:
         if rdd_id in rdds:
