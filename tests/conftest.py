@@ -47,14 +47,14 @@ _counter = itertools.count(1)
 SPARK_MODE = os.environ.get("JS_ETL_TEST_SPARK", "classic")
 
 # `make test` runs the suite on pytest-xdist workers (--dist worksteal; Makefile TEST_WORKERS):
-# each worker is its own process with its own nats-server, SparkSession, Airflow home and (when a test there needs
-# them) 3-node nats-server and Spark standalone clusters. A worker that runs out of tests takes
-# half of what another has not started. The files whose tests take longest are put first, so
-# no long test is left to start last: in a clean-clone run of 2026-11-25 (--dist loadgroup,
-# collection order) one worker ran test_cli.py's two spark-submit tests (59 s) at the end while
-# the other sat idle, its tests summing to 747 s against 806 s; with this order the two workers'
-# sums differed by 6 s (657 and 663). The list is by each file's summed durations in the first
-# run, longest first (the Spark-cluster test is one test of 209 s).
+# each worker is its own process with its own nats-server, SparkSession, Airflow home and (when
+# a test there needs them) 3-node nats-server and Spark standalone clusters. A worker that runs
+# out of tests takes half of what another has not started. The files whose tests take longest
+# are put first, so no long test is left to start last: in a clean-clone run of 2026-11-25
+# (--dist loadgroup, collection order) one worker ran test_cli.py's two spark-submit tests
+# (59 s) at the end while the other sat idle, its tests summing to 747 s against 806 s; with
+# this order the two workers' sums differed by 6 s (657 and 663). The list is by each file's
+# summed durations in the first run, longest first (the Spark-cluster test is one test of 209 s).
 _LONG_FIRST = ("airflow/test_airflow_packages.py", "cluster/test_spark_cluster.py",
                "airflow/test_airflow_yarn.py", "test_spark_connect.py",
                "jetstream/test_nats_py_range.py",

@@ -3,10 +3,10 @@ Parquet files itself (:mod:`~js_etl.drain.writers.columnar_task`); the driver co
 Delta transaction per table and round. The JVM sees only what a round needs to decide and ack:
 one blob of keys per pull and one row per file.
 
-The round is one Spark job, a ``mapInArrow`` over one row a partition whose small output (keys
-and file descriptions) is collected on the driver, the only read of it: so the fetch runs
-exactly once without a checkpoint, on a classic session and over Spark Connect alike. What the
-rest of the round relies on:
+The round is one Spark job, an RDD's ``mapPartitions`` (over Spark Connect, which has no RDDs, a
+``mapInArrow``) whose small output (keys and file descriptions) is collected on the driver, the
+only read of it: so the fetch runs exactly once without a checkpoint. What the rest of the round
+relies on:
 
 * **A failed task attempt's files are never committed.** Only files named in the collected
   output are committed; a failed attempt's stay in the directory unreferenced, as a failed Spark
@@ -54,6 +54,7 @@ from js_etl.drain.writers.columnar_plan import (
 from js_etl.drain.writers.columnar_task import (
     TASK_OUTPUT_DDL,
     RoundOutput,
+    fetch_decode_write,
     fetch_task,
     task_outputs,
 )
@@ -97,10 +98,16 @@ class ColumnarWriter(Writer):
         self.spark_writer = spark_writer  # for the rounds the file commit cannot take
 
     def fetch(self, plan: FetchPlan, partitions: int, round_no: int) -> ColumnarRound:
-        tasks = self.context.spark.range(partitions, numPartitions=partitions)
-        rows = tasks.mapInArrow(partial(fetch_task, plan, self.plan, round_no),
-                                TASK_OUTPUT_DDL).toArrow()
-        return ColumnarRound(RoundOutput.of(task_outputs(rows)))
+        spark = self.context.spark
+        if is_connect(spark):
+            tasks = spark.range(partitions, numPartitions=partitions)
+            return ColumnarRound(RoundOutput.of(task_outputs(tasks.mapInArrow(
+                partial(fetch_task, plan, self.plan, round_no), TASK_OUTPUT_DDL).toArrow())))
+        # A plain RDD job: no Spark SQL to plan, nor output to convert (docs/design/
+        # columnar-writer.md).
+        indexes = spark.sparkContext.parallelize(range(partitions), partitions)
+        return ColumnarRound(RoundOutput.of(indexes.mapPartitions(
+            partial(fetch_decode_write, plan, self.plan, round_no)).collect()))
 
     def discard(self, fetched: ColumnarRound) -> None:
         # Copied into the dead-letter table by Spark's append by now; or the round failed,

@@ -16,8 +16,8 @@ from js_etl.drain.writers.columnar_plan import ColumnarPlan, keeps_payload
 from js_etl.faults import fail_first_attempt
 from js_etl.schema import dead_letter_arrow
 
-# A fetch task's output as a DataFrame's rows, one pickled TaskOutput each: the round is a
-# ``mapInArrow`` job, the same on a classic session and over Spark Connect (no RDD there).
+# A fetch task's output as a DataFrame's rows, one pickled TaskOutput each: over Spark Connect
+# (no RDDs) the round is a ``mapInArrow`` job.
 TASK_OUTPUT = pa.schema([("item", pa.binary())])
 TASK_OUTPUT_DDL = "item binary"
 
@@ -78,7 +78,8 @@ def task_outputs(rows: pa.Table) -> list[TaskOutput]:
 
 def fetch_decode_write(fetch: FetchPlan, plan: ColumnarPlan, round_no: int,
                        elements: Iterator[object]) -> Iterator[TaskOutput]:
-    """One task of a round's fetch: the fetch
+    """One task of a round's fetch (an RDD's ``mapPartitions`` body, or :func:`fetch_task`'s):
+    the fetch
     (:func:`~js_etl.drain.fetch.fetch_partition`), each pulled batch decoded, its good rows
     written on into one Parquet file per partition value and its dead letters into the task's
     dead-letter file (:class:`~js_etl.delta.files.TaskFiles`); yields the keys of each pull,
