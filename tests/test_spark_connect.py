@@ -71,7 +71,8 @@ def test_the_drains_exactly_once_cases_pass_over_spark_connect(spark_connect_ser
 def test_a_drain_over_spark_connect_refuses_a_table_the_client_cannot_reach_in_one_line(
         spark_connect_server, names, js, nats_server, tmp_path):
     """The lock and the table reads are the client's: a Hadoop-only location fails before any
-    fetch, with the exit code of a configuration error, and the consumer is left as it was."""
+    fetch, with the exit code of a configuration error, and the consumer is left as it was. The
+    server is named by the config's ``spark.remote``."""
     add_stream(js, names)
     pub(js, f"{names.prefix}.a", 1)
     config = tmp_path / "job.yaml"
@@ -79,10 +80,10 @@ def test_a_drain_over_spark_connect_refuses_a_table_the_client_cannot_reach_in_o
         f"nats: {{servers: ['{nats_server.url}']}}\n"
         f"source: {{stream: {names.stream}, consumer: {names.consumer}, "
         "create_consumer: true}\n"
-        "target: {path: 'hdfs://127.0.0.1:9/js-etl/table'}\n")
+        "target: {path: 'hdfs://127.0.0.1:9/js-etl/table'}\n"
+        f"spark: {{remote: '{spark_connect_server.url}'}}\n")
     ran = subprocess.run([str(Path(sys.executable).with_name("js-etl")), "drain", "--config",
                           str(config)], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "SPARK_REMOTE": spark_connect_server.url},
                          cwd=tmp_path)
     assert ran.returncode == 2, ran.stdout[-2000:] + ran.stderr[-2000:]
     assert ran.stderr.strip().splitlines()[-1].startswith(
@@ -90,3 +91,32 @@ def test_a_drain_over_spark_connect_refuses_a_table_the_client_cannot_reach_in_o
         "from the client, which has no Hadoop for hdfs://127.0.0.1:9/js-etl/table")
     info = js.consumer_info(names.stream, names.consumer)
     assert (info.num_pending, info.num_ack_pending, info.delivered.consumer_seq) == (1, 0, 0)
+
+
+@pytest.mark.parametrize(("remote", "code", "says"), [
+    ("sc://127.0.0.1:{free}", 75, "TransientError: no Spark Connect server answers at "
+                                  "127.0.0.1:{free} (Connection refused)"),
+    ("http://127.0.0.1:{free}/;token=s3cret", 2, "ConfigError: SPARK_REMOTE or spark.remote is "
+                                                 "not a Spark Connect URL"),
+])
+def test_a_spark_remote_no_server_answers_at_fails_in_one_line_at_once(remote, code, says, names,
+                                                                        js, nats_server,
+                                                                        tmp_path):
+    """pyspark's client would retry a refused connection for minutes; js-etl says so at once,
+    with the transient exit code for a server that does not answer, and never shows the URL's
+    parameters (they may hold a token)."""
+    from js_etl.demo.server import free_port
+
+    free = free_port()
+    add_stream(js, names)
+    ran = subprocess.run(
+        [str(Path(sys.executable).with_name("js-etl")), "drain",
+         "--set", f"nats.servers={nats_server.url}", "--set", f"source.stream={names.stream}",
+         "--set", f"source.consumer={names.consumer}", "--set", "source.create_consumer=true",
+         "--set", f"target.path={tmp_path / 'table'}",
+         "--set", f"spark.remote={remote.format(free=free)}"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert ran.returncode == code, ran.stderr[-2000:]
+    last = ran.stderr.strip().splitlines()[-1]
+    assert last.startswith("js-etl: " + says.format(free=free)), last
+    assert "s3cret" not in ran.stderr + ran.stdout

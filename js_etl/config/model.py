@@ -351,6 +351,7 @@ class SparkConfig(_Section):
     master: str = setting("local[2]", TEXT)
     app_name: str = setting("js-etl", TEXT)
     conf: dict[str, str] = setting({}, CONF)
+    remote: str | None = setting(None, TEXT)  # a Spark Connect server (sc://…) instead
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

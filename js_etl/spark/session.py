@@ -11,12 +11,14 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import socket
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
 
-from js_etl.errors import TerminalError
+from js_etl.errors import ConfigError, TerminalError, TransientError
 from js_etl.spark.jars import LOG_STORE_CLASS, SparkArtifacts, delta_artifacts
 
 if TYPE_CHECKING:
@@ -134,11 +136,12 @@ def local_session(master: str = "local[2]", app_name: str = "js-etl",
 def job_session(spark_config: SparkConfig, *, spark_submit: bool, columnar: bool = False,
                 object_store: bool = False) -> SparkSession:
     """The session of a ``js-etl drain|backfill`` run: a Spark Connect client where
-    ``SPARK_REMOTE`` names a server (:func:`connect_session`), local Spark from the config's
+    ``SPARK_REMOTE`` or ``spark.remote`` names a server (:func:`connect_session`; the variable
+    wins), local Spark from the config's
     ``spark.*`` section (``columnar``: for a drain on the columnar writer; ``object_store``:
     tables on S3), or, under spark-submit, the session spark-submit prepared."""
     session_class = pyspark_session()
-    remote = os.environ.get("SPARK_REMOTE")
+    remote = os.environ.get("SPARK_REMOTE") or spark_config.remote
     if remote:
         return connect_session(remote, spark_config)
     if not spark_submit:
@@ -160,11 +163,34 @@ def connect_session(url: str, spark_config: SparkConfig) -> SparkSession:
     names it). The server brings Spark, Delta (its jars, extension and catalog) and js-etl's
     Python packages for its workers; of the config's ``spark.conf`` only the ``spark.sql.*``
     settings apply, to this client's session (the rest are the server's)."""
+    _answers(url)
     spark = pyspark_session().builder.remote(url).getOrCreate()
     for key, value in spark_config.conf.items():
         if key.startswith("spark.sql."):
             spark.conf.set(key, value)
     return spark
+
+
+# Spark Connect's default port, where a sc:// URL names none.
+CONNECT_PORT = 15002
+
+
+def _answers(url: str) -> None:
+    """Fail in seconds, in one line, where no Spark Connect server can answer at ``url``:
+    pyspark's client retries a refused connection for minutes before it says so."""
+    parsed = urlparse(url)
+    if parsed.scheme != "sc" or not parsed.hostname:
+        # (The URL itself is not shown: its parameters may hold a token.)
+        raise ConfigError("SPARK_REMOTE or spark.remote is not a Spark Connect URL: it must be "
+                          f"sc://host[:port], not {parsed.scheme or 'no'}:// with "
+                          f"{'a' if parsed.hostname else 'no'} host")
+    address = (parsed.hostname, parsed.port or CONNECT_PORT)
+    try:
+        socket.create_connection(address, timeout=10).close()
+    except OSError as e:  # down, restarting, or the wrong address: a later run may find it
+        raise TransientError(f"no Spark Connect server answers at {address[0]}:{address[1]} "
+                             f"({e.strerror or e}): start it, or correct SPARK_REMOTE or "
+                             "spark.remote") from None
 
 
 # The Spark line Delta's jars (js_etl.spark.jars.DELTA_ARTIFACT) are built for.
@@ -233,8 +259,9 @@ def core_setting(spark: SparkSession, key: str, default: str) -> str:
 def driver_property(spark: SparkSession, name: str) -> str:
     """A Java system property of the Spark driver's JVM (the server's, over Spark Connect)."""
     if is_connect(spark):
-        row = spark.sql("SELECT reflect('java.lang.System', 'getProperty', :name)",
-                        args={"name": name}).first()
+        # A literal: reflect takes no parameter marker (UNBOUND_SQL_PARAMETER, pyspark 4.2.0).
+        literal = "'" + name.replace("\\", "\\\\").replace("'", "\\'") + "'"
+        row = spark.sql(f"SELECT reflect('java.lang.System', 'getProperty', {literal})").first()
         return str(row[0]) if row is not None else ""
     return str(java_class(spark, "java.lang.System").getProperty(name))
 

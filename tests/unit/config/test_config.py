@@ -65,6 +65,7 @@ def test_defaults() -> None:
     assert (cfg.decode.format, cfg.decode.schema, cfg.decode.merge_schema) == ("raw", None, False)
     assert cfg.target.partition_by == []
     assert (cfg.spark.master, cfg.spark.app_name, cfg.spark.conf) == ("local[2]", "js-etl", {})
+    assert cfg.spark.remote is None
 
 
 def test_default_lists_are_not_shared() -> None:
@@ -806,3 +807,22 @@ def test_a_partition_column_named_twice_is_refused(partition_by: str) -> None:
     with pytest.raises(ConfigError, match=r"^target\.partition_by names the column .* twice"):
         load("decode.format=json", "decode.schema=id BIGINT, kind STRING",
              f"target.partition_by={partition_by}")
+
+
+def test_the_configuration_page_names_every_key() -> None:
+    """docs/configuration.md has a row for every key a job config takes."""
+    import typing
+    from pathlib import Path
+
+    from js_etl.config.model import JobConfig
+
+    def keys(section: type, prefix: str = "") -> list[str]:
+        hints = typing.get_type_hints(section)
+        return [key for f in dataclasses.fields(section)
+                for key in (keys(hints[f.name], f"{prefix}{f.name}.")
+                            if dataclasses.is_dataclass(hints[f.name]) else [prefix + f.name])]
+
+    page = (Path(__file__).resolve().parents[3] / "docs" / "configuration.md").read_text()
+    every = keys(JobConfig)
+    assert len(every) > 40 and "spark.remote" in every
+    assert [key for key in every if f"`{key}`" not in page] == []
