@@ -1,6 +1,6 @@
-"""A local Spark Connect server for the tests: pyspark's own ``SparkConnectServer`` (its jar ships
-in pyspark 4.2's ``jars/``) started by ``spark-submit`` on ``local[2,2]`` (a failed task is
-retried once, as on a cluster), with Delta's jars,
+"""A local Spark Connect server for the tests and the bench: pyspark's own ``SparkConnectServer``
+(its jar ships in pyspark 4.2's ``jars/``) started by ``spark-submit``, by default on
+``local[2,2]`` (a failed task is retried once, as on a cluster), with Delta's jars,
 extension and catalog and js-etl's local settings, its gRPC port on 127.0.0.1 and chosen free; it
 is stopped by its pid.
 
@@ -30,8 +30,11 @@ SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 
 class LocalSparkConnectServer:
     def __init__(self, data_dir: Path, conf: dict[str, str] | None = None,
-                 environment: dict[str, str] | None = None) -> None:
+                 environment: dict[str, str] | None = None, *, master: str = "local[2,2]",
+                 columnar: bool = False) -> None:
         self.data_dir = data_dir
+        self.master = master
+        self.columnar = columnar  # the JVM js-etl drain starts for the columnar writer
         self.extra_conf = conf or {}  # Spark settings of the server's session, beside ours
         self.environment = environment or {}  # extra variables of the server and its workers
         self.port = free_port()
@@ -53,7 +56,7 @@ class LocalSparkConnectServer:
             "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
             "spark.ui.enabled": "false", "spark.sql.session.timeZone": "UTC",
             "spark.sql.shuffle.partitions": "4", "spark.databricks.delta.snapshotPartitions": "2",
-            "spark.driver.extraJavaOptions": local_jvm_options(columnar=False),
+            "spark.driver.extraJavaOptions": local_jvm_options(columnar=self.columnar),
             "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
             "spark.python.daemon.module": "js_etl.drain.worker_daemon",
             **self.extra_conf,
@@ -61,7 +64,7 @@ class LocalSparkConnectServer:
 
     def start(self, timeout: float = 180.0) -> Self:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        cmd = [str(SPARK_SUBMIT), "--master", "local[2,2]", "--class", SERVER_CLASS,
+        cmd = [str(SPARK_SUBMIT), "--master", self.master, "--class", SERVER_CLASS,
                "--name", "js-etl Spark Connect server",
                *(arg for key, value in self.conf().items() for arg in ("--conf", f"{key}={value}")),
                "spark-internal"]

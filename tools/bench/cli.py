@@ -97,8 +97,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"messages per pull and per Delta commit of the simple peer "
                              f"(default {PEER_BATCH})")
     parser.add_argument("--legs", type=_legs, default=DEFAULT_LEGS, metavar="LEG[,LEG...]",
-                        help="run only these legs: client_limit, simple_peer, js_etl "
-                             "(default all; a ratio needs both of its legs), or also "
+                        help="run only these legs: client_limit, simple_peer, js_etl, "
+                             "js_etl_connect (js-etl's drain as a client of a Spark Connect "
+                             "server the bench starts) (default all; a ratio needs both of its "
+                             "legs), or also "
                              "nats_py_fetch (nats-py's own fetch loop, compared with the "
                              "client limit; only when named)")
     parser.add_argument("--repeat", type=int, default=1, metavar="K",

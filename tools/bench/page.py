@@ -60,6 +60,22 @@ def render(result: dict[str, Any]) -> str:
             f"| {_rate(peer, 'msg_per_cpu_s')} | {_rate(ours, 'msg_per_cpu_s')} "
             f"| {_verdict(w['cpu_ratios'].get('js_etl_vs_simple_peer'), w.get('cpu_targets'))} "
             f"| {ours.get('writer', '–')} |")
+    connect = [w for w in result["workloads"] if "connect_ratios" in w]
+    if connect:
+        lines += ["", "js-etl's drain as a Spark Connect client against the same drain on a "
+                  "classic session, on the same messages (ratio: Connect's over classic's):", "",
+                  "| table | schema | messages | classic msg/s | Connect msg/s | ratio "
+                  "| classic msg/CPU-s | Connect msg/CPU-s | ratio |",
+                  "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+        for w in connect:
+            classic, remote = w["legs"].get("js_etl", {}), w["legs"]["js_etl_connect"]
+            r = w["connect_ratios"]
+            lines.append(
+                f"| {w['target']} | {w['schema']} | {w['messages']:,} × {_size(w['size'])} "
+                f"| {_rate(classic, 'msg_per_s')} | {_rate(remote, 'msg_per_s')} "
+                f"| {r['js_etl_connect_vs_js_etl'] or '–'} "
+                f"| {_rate(classic, 'msg_per_cpu_s')} | {_rate(remote, 'msg_per_cpu_s')} "
+                f"| {r['per_cpu_second'] or '–'} |")
     lines += ["", "The same figures as bar charts, one group per workload (table, schema, payload "
               "size), by payload size: the peer's bar above js-etl's.", ""]
     for name, _, title in _CHARTS:

@@ -146,8 +146,10 @@ def format_results(result: dict[str, Any]) -> str:
         else:
             warmup = f"{warmup} s"
         schema = f" ({start['schema']} schema)" if "schema" in start else ""
-        lines.append(f"spark start-up{schema} {start.get('spark_startup_seconds', '-')} s, "
-                     f"warm-up drain {warmup} (both outside the timed legs)")
+        connect = (f", Spark Connect server start-up {start['connect_startup_seconds']} s"
+                   if start.get("connect_startup_seconds") else "")
+        lines.append(f"spark start-up{schema} {start.get('spark_startup_seconds', '-')} s"
+                     f"{connect}, warm-up drain {warmup} (all outside the timed legs)")
     store = result.get("store")
     if store:
         lines.append(f"s3 target: {store['kind']} at {store['endpoint']}, its own process; its CPU "
@@ -162,7 +164,7 @@ def format_results(result: dict[str, Any]) -> str:
         for name, leg in w["legs"].items():
             rss = leg.get("peak_rss_mib", {})
             cpu = leg.get("cpu_seconds", {})
-            ours = name == "js_etl"
+            ours = name in ("js_etl", "js_etl_connect")
             check = "ok" if leg["verified"] else "FAILED: " + "; ".join(leg["problems"])
             lines.append(
                 f"{LEG_LABELS[name]:<13} {leg['processes']:>5} {leg['messages']:>10,} "
@@ -203,14 +205,20 @@ def format_results(result: dict[str, Any]) -> str:
             lines.append("client limit (js-etl's pull layer) / nats-py fetch "
                          f"{pull_layer['client_limit_vs_nats_py_fetch'] or 'n/a'}; per "
                          f"CPU-second {pull_layer['per_cpu_second'] or 'n/a'}")
-        ours = w["legs"].get("js_etl", {})
-        if ours.get("phase_seconds"):
-            phases = ", ".join(f"{k} {v:.1f}" for k, v in ours["phase_seconds"].items())
-            writer = ours.get("writer") or "?"
-            if ours.get("writer_note"):
-                writer += f" ({ours['writer_note']})"
-            lines.append(f"js-etl: {writer} writer, {ours.get('rounds')} rounds; phase seconds: "
-                         f"{phases}")
+        connect = w.get("connect_ratios")
+        if connect:  # only when the js_etl_connect leg ran
+            lines.append("js-etl over Spark Connect / js-etl on a classic session "
+                         f"{connect['js_etl_connect_vs_js_etl'] or 'n/a'}; per CPU-second "
+                         f"{connect['per_cpu_second'] or 'n/a'}")
+        for name in ("js_etl", "js_etl_connect"):
+            ours = w["legs"].get(name, {})
+            if ours.get("phase_seconds"):
+                phases = ", ".join(f"{k} {v:.1f}" for k, v in ours["phase_seconds"].items())
+                writer = ours.get("writer") or "?"
+                if ours.get("writer_note"):
+                    writer += f" ({ours['writer_note']})"
+                lines.append(f"{LEG_LABELS[name]}: {writer} writer, {ours.get('rounds')} rounds; "
+                             f"phase seconds: {phases}")
         kinds = [f"{LEG_LABELS[name]} " + ", ".join(f"{kind} {cpu:.1f}" for kind, cpu in by.items())
                  for name, leg in w["legs"].items()
                  if (by := leg.get("cpu_seconds", {}).get("by_kind"))]

@@ -5,10 +5,14 @@ target and schema; or run the memory check."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from js_etl.errors import TerminalError
@@ -44,6 +48,7 @@ if TYPE_CHECKING:
 
     from js_etl.config import JobConfig
     from tools.object_store import LocalS3Server
+    from tools.spark_connect import LocalSparkConnectServer
 
 
 class Bench:
@@ -66,11 +71,15 @@ class Bench:
         self.sampler.start()
         self.spark: SparkSession | None = None
         self.spark_columnar: bool | None = None  # the JVM's flavour (see start_spark)
+        self.connect: LocalSparkConnectServer | None = None  # the js_etl_connect leg's server
         self.counter = 0
         self.buckets = 0
 
     def close(self) -> None:
         self.sampler.stop()
+        if self.connect is not None:
+            self.connect.stop()
+            self.connect = None
         try:
             if self.spark is not None:
                 self.spark.stop()
@@ -248,24 +257,66 @@ class Bench:
         t0 = time.monotonic()
         report = run_drain(self.spark, config)
         seconds = time.monotonic() - t0
+        return self._drain_leg("js_etl", config, report.as_dict(), seconds, pub, n)
+
+    def js_etl_connect_leg(self, pub: dict[str, Any], n: int, run: str, table: str) -> Leg:
+        """js-etl's drain as a Spark Connect client of the bench's server, on the same data, in
+        a process of its own (Connect mode is process-wide): timed by its run report (connect
+        to last ack), as the classic leg's ``run_drain`` call is, without the client's start;
+        its CPU is the client's, the server's JVM's and its Python workers' (and the classic
+        session's idle JVM's)."""
+        stream, durable = pub["stream"], f"connect{run}"
+        config = self.config(stream, durable, table, pub["schema"])
+        self.add_consumer(stream, durable,
+                          config.source.max_ack_pending or JS_ETL_MAX_ACK_PENDING)
+        report = self.connect_drain(self.overrides(stream, durable, table, pub["schema"]),
+                                    timeout=300 + n / 1_000)
+        return self._drain_leg("js_etl_connect", config, report, report["seconds"], pub, n)
+
+    def connect_drain(self, overrides: list[str], timeout: float) -> dict[str, Any]:
+        """``js-etl drain`` with SPARK_REMOTE naming the bench's Spark Connect server: its run
+        report (the last line it prints). The sampler's window starts with the process."""
+        assert self.connect is not None
+        args = [str(Path(sys.executable).with_name("js-etl")), "drain"]
+        for item in overrides:
+            args += ["--set", item]
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "SPARK_REMOTE": self.connect.url})
+        self.sampler.reset(proc.pid)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except BaseException:  # a hung drain (or Ctrl-C) leaves no process behind
+            proc.kill()
+            proc.wait()
+            raise
+        if proc.returncode != 0:
+            raise RuntimeError(f"js-etl drain over Spark Connect exited {proc.returncode}: "
+                               + ((err.strip().splitlines() or [""])[-1])[:300])
+        return dict(json.loads(out.strip().splitlines()[-1]))
+
+    def _drain_leg(self, name: str, config: JobConfig, report: dict[str, Any], seconds: float,
+                   pub: dict[str, Any], n: int) -> Leg:
+        """A js-etl leg's measurement from its run report (``RunReport.as_dict``)."""
         memory = self.sampler.snapshot()
         problems = []
-        if report.messages_written != n:
-            problems.append(f"run report: {report.messages_written} written, expected {n}")
-        if report.dead_letters:
-            problems.append(f"run report: {report.dead_letters} dead letters")
-        consumer, state = self.consumer_problems(stream, durable)
-        json = config.decode.format == "json"
-        return Leg("js_etl", config.fetch.partitions, report.messages_written, seconds,
+        if report["messages_written"] != n:
+            problems.append(f"run report: {report['messages_written']} written, expected {n}")
+        if report["dead_letters"]:
+            problems.append(f"run report: {report['dead_letters']} dead letters")
+        consumer, state = self.consumer_problems(pub["stream"], report["consumer"])
+        json_rows = config.decode.format == "json"
+        return Leg(name, config.fetch.partitions, report["messages_written"], seconds,
                    pub["payload_bytes"], problems + consumer, memory,
                    {"batch": config.fetch.batch, "max_bytes": config.fetch.max_bytes,
                     "partition_max_bytes": config.fetch.partition_max_bytes,
-                    "rounds": report.rounds, "phase_seconds": report.phase_seconds,
-                    "writer": report.writer, "writer_note": report.writer_note,
-                    "run_seconds": report.seconds, "stopped_because": report.stopped_because,
+                    "rounds": report["rounds"], "phase_seconds": report["phase_seconds"],
+                    "writer": report["writer"], "writer_note": report["writer_note"],
+                    "run_seconds": report["seconds"],
+                    "stopped_because": report["stopped_because"],
                     "consumer": state, "table": config.target.path,
                     # a raw or text drain keeps the payload whole: no ids to count
-                    "expect": {"ids": json, "filled": json and pub["schema"] == "rich"}})
+                    "expect": {"ids": json_rows,
+                               "filled": json_rows and pub["schema"] == "rich"}})
 
     def verify_table(self, leg: Leg, n: int, pub: dict[str, Any]) -> None:
         """Read the leg's table back: one on S3 with deltalake (in a child process, with the
@@ -317,6 +368,8 @@ class Bench:
                      f"(master {self.spark.sparkContext.master}; JVM for "
                      f"{'the columnar' if columnar else 'Spark' + chr(39) + 's'} writer, as "
                      f"js-etl drain starts it for the {schema} schema; not timed)")
+        if "js_etl_connect" in self.s.legs:
+            info["connect_startup_seconds"] = self.start_connect(config, columnar)
         if self.s.warmup:
             from js_etl.drain.run import run_drain
 
@@ -329,13 +382,38 @@ class Bench:
                 t0 = time.monotonic()
                 report = run_drain(self.spark, self.config(pub["stream"], "warmup", table, schema))
                 info["warmup_seconds"][target] = round(time.monotonic() - t0, 2)
+                if self.connect is not None:  # the server's JIT, Delta and Python workers too
+                    self.add_consumer(pub["stream"], "warmupconnect", JS_ETL_MAX_ACK_PENDING)
+                    self.connect_drain(self.overrides(pub["stream"], "warmupconnect",
+                                                      f"{table}_connect", schema), timeout=300)
                 self.js.run(self.js.admin.delete_stream(pub["stream"]))
                 if not self.s.keep:
                     self.remove_table(table)
+                    if self.connect is not None:
+                        self.remove_table(f"{table}_connect")
                 self.out(f"warm-up drain of {report.messages_written:,} messages, {target} "
                          f"table, {schema} schema: {info['warmup_seconds'][target]} s (JIT, "
                          f"Delta classes{', S3A' if target == 's3' else ''}; not timed)")
         return info
+
+    def start_connect(self, config: JobConfig, columnar: bool) -> float | None:
+        """The js_etl_connect leg's Spark Connect server (tools/spark_connect.py), its JVM as
+        ``js-etl drain`` starts one for ``config`` and on the same master; started again when the
+        JVM's flavour changes (see start_spark). Returns its start-up seconds, None if running."""
+        from tools.spark_connect import LocalSparkConnectServer
+
+        if self.connect is not None and self.connect.columnar == columnar:
+            return None
+        if self.connect is not None:
+            self.connect.stop()
+        t0 = time.monotonic()
+        self.connect = LocalSparkConnectServer(self.s.workdir / "spark-connect",
+                                               master=config.spark.master, columnar=columnar)
+        self.connect.start()
+        seconds = round(time.monotonic() - t0, 2)
+        self.out(f"Spark Connect server on {config.spark.master} started in {seconds} s "
+                 f"({self.connect.url}; not timed)")
+        return seconds
 
     def stop_spark_jvm(self) -> None:
         """Stop the session and its JVM, so that the next one starts a JVM with its own options
@@ -389,6 +467,8 @@ class Bench:
         runners = {"client_limit": lambda r: self.client_leg(pub, n, config, tag(r)),
                    "simple_peer": lambda r: self.peer_leg(pub, n, tag(r), table("peer", r)),
                    "js_etl": lambda r: self.js_etl_leg(pub, n, tag(r), table("jsetl", r)),
+                   "js_etl_connect": lambda r: self.js_etl_connect_leg(pub, n, tag(r),
+                                                                       table("connect", r)),
                    "nats_py_fetch": lambda r: self.natspy_leg(pub, n, config, tag(r))}
         for run_no in range(1, self.s.repeat + 1):  # legs alternate: A B C A B C ...
             for name, runner in runners.items():
@@ -450,6 +530,10 @@ class Bench:
         result["cpu_targets_met"] = {
             k: (v is not None and v >= target) for k, target in result["cpu_targets"].items()
             for v in [result["cpu_ratios"][k]]}
+        if "js_etl_connect" in summary:  # the drain over Spark Connect against the classic one
+            result["connect_ratios"] = {
+                "js_etl_connect_vs_js_etl": ratio(rate["js_etl_connect"], rate.get("js_etl", 0.0)),
+                "per_cpu_second": ratio(per_cpu["js_etl_connect"], per_cpu.get("js_etl", 0.0))}
         if "nats_py_fetch" in summary:  # what js-etl's pull layer gains over nats-py's own
             result["pull_layer_ratios"] = {
                 "client_limit_vs_nats_py_fetch": ratio(rate.get("client_limit", 0.0),
@@ -542,7 +626,7 @@ class Bench:
         result["spark_starts"] = []
         result["workloads"] = []  # one cell per workload, target and schema
         for schema in self.s.schemas:
-            if "js_etl" in self.s.legs or "simple_peer" in self.s.legs:
+            if {"js_etl", "js_etl_connect", "simple_peer"} & set(self.s.legs):
                 # js-etl runs on it; local tables are read back with it
                 result["spark_starts"].append(self.start_spark(schema))
             for n, size in self.s.workloads:
