@@ -263,8 +263,8 @@ class Bench:
         """js-etl's drain as a Spark Connect client of the bench's server, on the same data, in
         a process of its own (Connect mode is process-wide): timed by its run report (connect
         to last ack), as the classic leg's ``run_drain`` call is, without the client's start;
-        its CPU is the client's, the server's JVM's and its Python workers' (and the classic
-        session's idle JVM's)."""
+        its CPU is the client's (its start included), the server's JVM's and its Python
+        workers' (and the classic session's idle JVM's)."""
         stream, durable = pub["stream"], f"connect{run}"
         config = self.config(stream, durable, table, pub["schema"])
         self.add_consumer(stream, durable,
