@@ -318,17 +318,21 @@ def test_the_performance_page_is_the_rendering_of_the_last_results_file():
     """docs/performance.md and its charts are generated (tools/bench/page.py) from
     docs/performance.json, the results of `make bench`: no figure on them is typed by hand, and
     they cannot drift from them."""
-    from tools.bench.page import CHARTS, PAGE, RESULTS, charts, render
+    from tools.bench.page import CHARTS, PAGE, charts, render, results
 
-    result = json.loads(RESULTS.read_text())
-    page = render(result)
+    result, partitions, memory = results()
+    page = render(result, partitions, memory)
     assert PAGE.read_text() == page
-    svgs = charts(result)
+    svgs = charts(result, partitions, memory)
     assert sorted(path.name for path in CHARTS.iterdir()) == sorted(svgs)  # none stale either
     for name, svg in svgs.items():
         assert (CHARTS / name).read_text() == svg, name
         assert f"]({CHARTS.name}/{name})" in page  # embedded, relative to the page
     assert result["ok"] and len(result["workloads"]) == 8  # local and S3, flat and rich, 2 sizes
+    # The same make bench's sweep (1, 2 and 4 partitions, 2 sizes) and memory check (N, 4N):
+    assert partitions is not None and partitions["ok"] and len(partitions["workloads"]) == 6
+    assert memory is not None and len(memory["memory_check"]["runs"]) == 2
+    assert {"## By partitions", "## Memory against backlog"} <= set(page.splitlines())
 
 
 def test_the_performance_page_marks_a_missed_target():
@@ -347,6 +351,51 @@ def test_the_performance_page_marks_a_missed_target():
                              "cpu_targets": {"js_etl_vs_simple_peer": 1.0}}]}
     (row,) = [line for line in render(result).splitlines() if line.startswith("| local")]
     assert "| 1.10 (≥ 1.2: **not met**) |" in row and "| 1.00 (≥ 1: met) |" in row, row
+
+
+def test_the_sweep_and_the_memory_check_get_a_section_and_a_chart_each():
+    """With the partitions sweep's and the memory check's results, the page has a section for
+    each, its chart embedded; the sweep's chart has a group per payload size and partition
+    count, the memory chart one per backlog with a bar per kind of process."""
+    import xml.etree.ElementTree as ET
+
+    from tools.bench.page import charts, render
+
+    leg = {"verified": True, "msg_per_s": 100, "msg_per_cpu_s": 50}
+    result = {"machine": {"cpus": 2, "memory_gib": 1, "platform": "p", "python": "3",
+                          "versions": {}},
+              "settings": {"partitions": 2, "spark_master": "local[2]", "peer_batch": 5000,
+                           "repeat": 1, "decode_schemas": {"flat": "id BIGINT"}},
+              "workloads": []}
+    sweep = {"settings": {"partitions_swept": [1, 4], "spark_master": "local[4]", "repeat": 2},
+             "workloads": [{"size": size, "partitions": p,
+                            "legs": {"client_limit": {**leg, "msg_per_s": 10 * p},
+                                     "js_etl": {**leg, "msg_per_s": 5 * p}}}
+                           for size in (4096, 256) for p in (4, 1)],
+             "failed_legs": []}
+    memory = {"memory_check": {
+        "size": 256, "round_max_messages": 10, "target": 1.1, "within_target": True,
+        "peak_rss_ratio": {"total": 1.02},
+        "runs": [{"messages": n, "verified": True,
+                  "peak_rss_mib": {"driver": 100.4, "jvm": 200, "workers": 300, "total": 600}}
+                 for n in (10, 40)]}}
+    page = render(result, sweep, memory)
+    assert "## By partitions" in page and "(performance/msg_per_s_by_partitions.svg)" in page
+    assert "(performance/msg_per_cpu_s_by_partitions.svg)" in page
+    assert "## Memory against backlog" in page and "(performance/peak_rss_by_backlog.svg)" in page
+    assert "1.02× the smaller's (target ≤ 1.1: met)" in page
+    svgs = charts(result, sweep, memory)
+    ns = {"svg": "http://www.w3.org/2000/svg"}
+    texts = [t.text for t in ET.fromstring(svgs["msg_per_s_by_partitions.svg"])
+             .iterfind(".//svg:text", ns)]
+    assert [t for t in texts if t and ", " in t] == [
+        "256 B, 1 partition", "256 B, 4 partitions", "4 KiB, 1 partition", "4 KiB, 4 partitions"]
+    assert texts[1:3] == ["client limit", "js-etl"]
+    memory_texts = [t.text for t in ET.fromstring(svgs["peak_rss_by_backlog.svg"])
+                    .iterfind(".//svg:text", ns)]
+    first = memory_texts.index("10 messages")  # its group label, then its bars' labels
+    assert memory_texts[first:first + 6] == ["10 messages", "100", "200", "300", "600",
+                                             "40 messages"]
 
 
 def test_the_performance_charts_have_a_labelled_bar_per_leg_and_skip_a_missing_one():

@@ -86,9 +86,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "runs every workload with each (default flat)")
     parser.add_argument("--quick", action="store_true",
                         help="a small smoke run (20,000 x 256 B and 5,000 x 4 KiB)")
-    parser.add_argument("--partitions", type=int,
+    parser.add_argument("--partitions", type=_int_list, metavar="P[,P...]",
                         help="fetch.partitions of the drain = processes of the client-limit leg "
-                             "(default 2)")
+                             "(default 2); a list runs every workload with each")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE",
                         help="drain config override, e.g. fetch.batch=2000 (repeatable); the "
@@ -152,7 +152,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                             "give one value or as many as the other")
     if any(n < 1 for n in messages) or any(s < 1 for s in sizes):
         raise TerminalError("--messages and --size must be >= 1")
-    if args.partitions is not None and args.partitions < 1:
+    if args.partitions is not None and min(args.partitions) < 1:
         raise TerminalError("--partitions must be >= 1")
     if args.repeat < 1:
         raise TerminalError("--repeat must be >= 1")
@@ -161,7 +161,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="js-etl-bench-"))
     return Settings(
         workloads=list(zip(messages, sizes, strict=True)), overrides=list(args.overrides),
-        partitions=args.partitions, peer_batch=args.peer_batch,
+        partitions=tuple(args.partitions) if args.partitions else None,
+        peer_batch=args.peer_batch,
         warmup=not args.quick if args.warmup is None else args.warmup,
         workdir=workdir.resolve(), keep=args.keep or bool(args.workdir),
         memory_check=args.memory_check, legs=args.legs, repeat=args.repeat,

@@ -74,6 +74,7 @@ class Bench:
         self.connect: LocalSparkConnectServer | None = None  # the js_etl_connect leg's server
         self.counter = 0
         self.buckets = 0
+        self.partitions = settings.partitions[0] if settings.partitions else None  # the cell's
 
     def close(self) -> None:
         self.sampler.stop()
@@ -103,11 +104,13 @@ class Bench:
         base = ["decode.format=json", f"target.partition_by=[{PARTITION_BY}]"]
         if (formats or ["json"])[-1] == "json":
             base.insert(1, f"decode.schema={SCHEMAS[schema]}")
-        if self.s.partitions is not None:
-            base.append(f"fetch.partitions={self.s.partitions}")
+        if self.partitions is not None:
+            base.append(f"fetch.partitions={self.partitions}")
         probe = load_config(None, [*base, "source.stream=x", "source.consumer=x",
                                    "target.path=x", *self.s.overrides], environ={})
-        base.append(f"spark.master=local[{max(probe.fetch.partitions, 2)}]")
+        # One session (and Connect server) for every --partitions value: slots for the most.
+        slots = max(probe.fetch.partitions, *(self.s.partitions or ()), 2)
+        base.append(f"spark.master=local[{slots}]")
         owned = [f"nats.servers={self.url}", f"source.stream={stream}",
                  f"source.consumer={consumer}", "source.create_consumer=false",
                  f"target.path={table or self.s.workdir / 't'}"]
@@ -438,7 +441,9 @@ class Bench:
         """Publish ``n`` messages of ``size`` bytes of ``schema`` once; one cell per target on
         that stream (each leg on its own fresh consumer)."""
         pub = self.publish(n, size, schema)
-        self.out(f"\nworkload {n:,} x {size} B, {schema} schema: published in {pub['seconds']} s "
+        parts = f", fetch.partitions {self.partitions}" if self.s.partitions else ""
+        self.out(f"\nworkload {n:,} x {size} B, {schema} schema{parts}: published in "
+                 f"{pub['seconds']} s "
                  f"({pub['msg_per_s']:,} msg/s), stream {pub['stream']} (file storage, R1); "
                  f"load average {os.getloadavg()[0]:.2f}")
         try:
@@ -504,7 +509,8 @@ class Bench:
         pooled = {name: leg["msg_per_cpu_s_all_runs"] if leg["verified"] else 0.0
                   for name, leg in summary.items()}
         result: dict[str, Any] = {
-            "messages": n, "size": size, "target": target, "schema": schema, "publish": pub,
+            "messages": n, "size": size, "target": target, "schema": schema,
+            "partitions": config.fetch.partitions, "publish": pub,
             "legs": summary,
             "ratios": {"js_etl_vs_client_limit": ratio(rate.get("js_etl", 0.0),
                                                        rate.get("client_limit", 0.0)),
@@ -629,13 +635,16 @@ class Bench:
             if {"js_etl", "js_etl_connect", "simple_peer"} & set(self.s.legs):
                 # js-etl runs on it; local tables are read back with it
                 result["spark_starts"].append(self.start_spark(schema))
-            for n, size in self.s.workloads:
-                result["workloads"] += self.workload(n, size, schema)
+            for partitions in self.s.partitions or (None,):
+                self.partitions = partitions
+                for n, size in self.s.workloads:
+                    result["workloads"] += self.workload(n, size, schema)
         first = result["spark_starts"][0] if result["spark_starts"] else {}
         for key in ("spark_startup_seconds", "warmup_seconds"):  # as before, the first start's
             if key in first:
                 result[key] = first[key]
-        failed = [f"{w['messages']}x{w['size']}/{w['target']}/{w['schema']}:{name}"
+        failed = [f"{w['messages']}x{w['size']}/{w['target']}/{w['schema']}"
+                  f"{'/p' + str(w['partitions']) if self.s.partitions else ''}:{name}"
                   for w in result["workloads"]
                   for name, leg in w["legs"].items() if not leg["verified"]]
         result["failed_legs"] = failed
@@ -647,7 +656,9 @@ class Bench:
         return {"workloads": [{"messages": n, "size": s} for n, s in self.s.workloads],
                 "targets": list(self.s.targets), "schemas": list(self.s.schemas),
                 "decode_schemas": {name: SCHEMAS[name] for name in self.s.schemas},
-                "partitions": config.fetch.partitions, "fetch_batch": config.fetch.batch,
+                "partitions": config.fetch.partitions,
+                "partitions_swept": list(self.s.partitions or ()),
+                "fetch_batch": config.fetch.batch,
                 "fetch_max_bytes": config.fetch.max_bytes,
                 "partition_max_bytes": config.fetch.partition_max_bytes,
                 "spark_master": config.spark.master, "spark_conf": config.spark.conf,

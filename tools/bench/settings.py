@@ -76,7 +76,7 @@ class Settings:
 
     workloads: list[tuple[int, int]]
     overrides: list[str]  # user --set, applied to the js-etl drain config
-    partitions: int | None
+    partitions: tuple[int, ...] | None  # fetch.partitions, each in turn (None: the config's)
     peer_batch: int
     warmup: bool
     workdir: Path
