@@ -24,7 +24,8 @@ REPO = Path(__file__).resolve().parents[1]
 # The data source's and the backfill's tests that use the session: all of them.
 SOURCE_AND_BACKFILL = ("tests/source/test_source.py", "tests/backfill/test_backfill.py")
 
-# The drain's exactly-once cases, one of each kind (their files pass whole over Connect too):
+# The drain's exactly-once cases, one of each kind (their files, run whole over Connect, passed
+# but for the tests now marked classic_spark: docs/design/spark-connect.md):
 # both writers, dead letters, a failed fetch task attempt, the client SIGKILLed at a fault point
 # and while a fetch task it started holds deliveries in the server, and a randomized schedule.
 DRAIN = (

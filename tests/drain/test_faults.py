@@ -79,9 +79,15 @@ def test_a_driver_killed_while_a_fetch_task_holds_deliveries_then_recovery_run(
     table, gate, marker = tmp_path / "table", tmp_path / "gate", uuid.uuid4().hex
     gate.mkdir()
     proc = drain_process(names, nats_server.url, table, "hold_mid_fetch", marker, gate=gate)
-    note = wait_until(lambda: ((gate / "held").exists() and (gate / "held").read_text())
-                      or proc.poll(), timeout=180, what="a fetch task held mid-round")
-    assert isinstance(note, str), proc.communicate()[1][-800:]  # else the run's exit code
+
+    def held_or_exited() -> str | int | None:  # the held round's deadline, or the exit code
+        if (gate / "held").exists():
+            return (gate / "held").read_text()
+        return proc.poll()
+
+    note = wait_until(held_or_exited, lambda v: v is not None, timeout=180,
+                      what="a fetch task held mid-round")
+    assert isinstance(note, str), f"exited {note}: " + proc.communicate()[1][-800:]
     proc.kill()
     proc.communicate()
     assert_no_process_left(marker)

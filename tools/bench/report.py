@@ -156,7 +156,7 @@ def format_results(result: dict[str, Any]) -> str:
                      "is the store's, not in any leg's cpu or msg/cpu-s")
     for w in result.get("workloads", []):
         where = (f", target {w['target']}, schema {w['schema']}" if "target" in w else "")
-        if result["settings"].get("partitions_swept"):
+        if result.get("settings", {}).get("partitions_swept"):
             where += f", fetch.partitions {w['partitions']}"
         lines += ["", f"{w['messages']:,} x {w['size']} B{where}  (published at "
                       f"{w['publish']['msg_per_s']:,} msg/s)",
