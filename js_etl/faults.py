@@ -79,15 +79,8 @@ def stall_here(point: str, seconds: float) -> None:
 def hold_here(point: str) -> None:
     """If ``point`` is armed, say so in the gate folder and wait until the test releases the run.
     Once released, the gate stays open: later rounds pass it at once."""
-    if armed() != point:
-        return
-    gate = _gate(point)
-    release = gate / "release"
-    if release.exists():
-        return
-    (gate / "held").touch()
-    while not release.exists():
-        time.sleep(0.05)
+    if armed() == point:
+        hold_task(str(_gate(point)))
 
 
 def held_in_a_task(point: str, df: DataFrame) -> DataFrame:
@@ -95,12 +88,10 @@ def held_in_a_task(point: str, df: DataFrame) -> DataFrame:
     armed: the gate's folder travels with the task, which may run on another machine."""
     if armed() != point:
         return df
-    gate = _gate(point)
+    gate = str(_gate(point))
 
     def held(batches: Iterator[object]) -> Iterator[object]:
-        (gate / "held").touch()
-        while not (gate / "release").exists():
-            time.sleep(0.05)
+        hold_task(gate)
         yield from batches
 
     return df.coalesce(1).mapInArrow(held, df.schema)
@@ -111,9 +102,10 @@ def task_gate(point: str) -> str | None:
     return str(_gate(point)) if armed() == point else None
 
 
-def hold_task(gate: str | None, note: str) -> None:
-    """On an executor: if the driver armed a task gate (:func:`task_gate`), write ``note`` to
-    its ``held`` file, once per gate, and wait for its ``release``."""
+def hold_task(gate: str | None, note: str = "") -> None:
+    """Unless ``gate`` is None or already released, write ``note`` to its ``held`` file and wait
+    for its ``release`` — on the driver (:func:`hold_here`) or in a task, whose gate the driver
+    armed (:func:`task_gate`, :func:`held_in_a_task`)."""
     if gate is None:
         return
     held, release = Path(gate) / "held", Path(gate) / "release"
