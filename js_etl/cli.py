@@ -66,6 +66,13 @@ def _parser() -> argparse.ArgumentParser:
     drain.add_argument("--report-file", help="also write the JSON run report (or the failure) "
                        "here: a path, or a URI Spark reaches (hdfs://, s3a://, file://)")
 
+    stream = commands.add_parser(
+        "stream", help="a Structured Streaming query (Trigger.AvailableNow) from the stream into "
+        "the Delta table, from where its checkpoint (streaming.checkpoint) left off")
+    with_config(stream)
+    stream.add_argument("--report-file", help="also write the JSON run report (or the failure) "
+                        "here: a path, or a URI Spark reaches")
+
     status = commands.add_parser("status", help="show stream and consumer state")
     with_config(status)
 
@@ -123,6 +130,9 @@ def main(argv: Sequence[str] | None = None, *, spark_submit: bool = False) -> in
         if args.command == "drain":
             return _drain(load_config(args.config, args.overrides), args.report_file,
                           spark_submit)
+        if args.command == "stream":
+            return _stream(load_config(args.config, args.overrides), args.report_file,
+                           spark_submit)
         if args.command == "status":
             return _status(load_config(args.config, args.overrides))
         if args.command == "backfill":
@@ -205,6 +215,18 @@ def _drain(config: JobConfig, report_file: str | None, spark_submit: bool) -> in
     return 0
 
 
+def _stream(config: JobConfig, report_file: str | None, spark_submit: bool) -> int:
+    from js_etl.delta.rules import on_object_store
+    from js_etl.spark.session import job_session
+    from js_etl.streaming.preflight import check_stream
+    from js_etl.streaming.run import run_stream
+
+    check_stream(config)  # NATS only: a bad config or a missing stream fails before Spark starts
+    spark = job_session(config.spark, spark_submit=spark_submit,
+                        object_store=on_object_store(config.target))
+    return _emit(run_stream(spark, config), report_file)
+
+
 def _emit(report: RunReport, report_file: str | None) -> int:
     """The report as JSON: to ``--report-file`` and as the last stdout line."""
     text = report.to_json()
@@ -241,9 +263,8 @@ def _sequence(text: str) -> int:
 
 def _backfill(args: argparse.Namespace, spark_submit: bool) -> int:
     from js_etl.backfill.run import Backfill, RangeRequest
-    from js_etl.delta.rules import on_object_store
+    from js_etl.delta.rules import check_target_paths, on_object_store
     from js_etl.delta.table import DeltaTarget, job_tables
-    from js_etl.drain.preflight import check_target_paths
     from js_etl.spark.session import job_session
 
     config = load_config(args.config, args.overrides)

@@ -25,6 +25,10 @@ it; an unknown name is refused so a typo cannot silently test nothing.
   (epoch seconds) to ``$JS_ETL_FAULT_GATE/held`` and waits for ``$JS_ETL_FAULT_GATE/release``
   (a test kills the driver while the round's fetch runs: over Spark Connect the task outlives
   the client);
+* ``kill_before_batch_write``, ``kill_between_tables``, ``kill_after_batch_write`` — a
+  ``js-etl stream`` run SIGKILLs itself in micro-batch ``$JS_ETL_FAULT_BATCH`` (default 0) before
+  its appends, between the dead letters' and the rows' append, or after both (before Spark
+  commits the batch to the checkpoint);
 * ``hold_mid_merge`` — the backfill's MERGE reads its rows through one task that writes
   ``$JS_ETL_FAULT_GATE/held`` and waits for ``$JS_ETL_FAULT_GATE/release`` (a test kills the
   driver, or a Spark Connect client, while its MERGE runs).
@@ -49,8 +53,10 @@ ENV = "JS_ETL_FAULT"
 POINTS = frozenset({"kill_after_fetch", "kill_after_commit", "kill_mid_ack", "fail_fetch_task",
                     "fail_write_task", "stall_before_ack", "late_fetch_tasks",
                     "slow_task_start", "lose_checkpoint", "hold_after_fetch",
-                    "hold_mid_fetch", "hold_mid_merge"})
+                    "hold_mid_fetch", "hold_mid_merge", "kill_before_batch_write",
+                    "kill_between_tables", "kill_after_batch_write"})
 GATE_ENV = "JS_ETL_FAULT_GATE"
+BATCH_ENV = "JS_ETL_FAULT_BATCH"
 
 
 class InjectedFault(RuntimeError):
@@ -68,6 +74,12 @@ def kill_here(point: str) -> None:
     """SIGKILL this process if ``point`` is armed: no cleanup, no finally blocks."""
     if armed() == point:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def kill_at_batch(point: str, batch_id: int) -> None:
+    """:func:`kill_here` in micro-batch ``$JS_ETL_FAULT_BATCH`` only."""
+    if int(os.environ.get(BATCH_ENV) or 0) == batch_id:
+        kill_here(point)
 
 
 def stall_here(point: str, seconds: float) -> None:

@@ -8,6 +8,7 @@ may be changed is: the server's address (`JS_ETL__NATS__SERVERS`) and the table 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -62,6 +63,15 @@ def run(command: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedPro
                           timeout=600, check=False)
 
 
+def run_nats_cli(script: str, url: str, nats_cli: str, cwd: Path) -> None:
+    """A shell block of ``nats`` commands, with the real NATS CLI, against ``url``."""
+    made = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=cwd,
+                          env={**os.environ, "NATS_URL": url, "HOME": str(cwd),
+                               "PATH": f"{Path(nats_cli).parent}{os.pathsep}{os.environ['PATH']}"},
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert made.returncode == 0, made.stderr
+
+
 def test_drain_your_own_stream_as_the_readme_shows(orders, nats_cli, tmp_path):
     from deltalake import DeltaTable
 
@@ -69,11 +79,7 @@ def test_drain_your_own_stream_as_the_readme_shows(orders, nats_cli, tmp_path):
     (add,) = blocks(own, "sh")
     (yaml,) = blocks(own, "yaml")
     (drain,) = blocks(own, "bash")
-    made = subprocess.run(["bash", "-euo", "pipefail", "-c", add], cwd=tmp_path,
-                          env={**os.environ, "NATS_URL": orders.url, "HOME": str(tmp_path),
-                               "PATH": f"{Path(nats_cli).parent}{os.pathsep}{os.environ['PATH']}"},
-                          capture_output=True, text=True, timeout=120, check=False)
-    assert made.returncode == 0, made.stderr
+    run_nats_cli(add, orders.url, nats_cli, tmp_path)
     (tmp_path / "orders.yaml").write_text(yaml)
     table = tmp_path / "lake" / "orders"
     env = {"JS_ETL__NATS__SERVERS": orders.url, "JS_ETL__TARGET__PATH": str(table)}
@@ -151,3 +157,40 @@ def test_the_pyspark_pages_connect_example_runs_as_a_client(orders, spark_connec
                          timeout=300, check=False, cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert ran.stdout.split() == [str(MESSAGES), str(MESSAGES - 1)]  # one order is not JSON
+
+
+def test_the_streaming_examples_run_as_written(orders, spark, nats_cli, capsys, tmp_path):
+    """The README's Structured Streaming example and docs/streaming.md's — the notebook query,
+    then the packaged job: its `nats consumer add`, its config and its command — with the
+    tables and checkpoints in the test's directory; each reads the whole stream once."""
+    from deltalake import DeltaTable
+
+    def here(text: str) -> str:
+        return (text.replace("nats://127.0.0.1:4222", orders.url)
+                .replace("/tmp/", f"{tmp_path}/tmp/").replace("/data/", f"{tmp_path}/data/"))
+
+    (snippet,) = blocks(section("Structured Streaming"), "python")
+    exec(here(snippet), {"spark": spark})
+    raw = DeltaTable(str(tmp_path / "tmp" / "lake" / "orders_raw")).to_pyarrow_table()
+    assert raw.num_rows == MESSAGES
+
+    page = (REPO / "docs" / "streaming.md").read_text()
+    exec(here(blocks(page, "python")[0]), {"spark": spark})
+    assert capsys.readouterr().out.split() == [str(MESSAGES)]
+
+    (add,) = blocks(page, "sh")
+    (yaml,) = blocks(page, "yaml")
+    (stream,) = blocks(page, "bash")
+    run_nats_cli(add, orders.url, nats_cli, tmp_path)
+    (tmp_path / "orders_stream.yaml").write_text(here(yaml))
+    result = run(stream.strip(), tmp_path, {})
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (report["messages_written"], report["dead_letters"]) == (MESSAGES - 1, 1)
+    assert [b["last_seq"] for b in report["batches"]] == [50, 100, MESSAGES]
+    table = tmp_path / "data" / "lake" / "orders_stream"
+    assert DeltaTable(str(table)).to_pyarrow_table().num_rows == MESSAGES - 1
+    (dead,) = DeltaTable(f"{table}_dead_letters").to_pyarrow_table().to_pylist()
+    assert dead["data"] == b"not json"
+    with JetStreamSession(ConnectionOptions(servers=(orders.url,))) as js:
+        assert js.consumer_info("ORDERS", "orders_stream").num_pending == 0

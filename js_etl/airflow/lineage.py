@@ -117,9 +117,8 @@ def table_columns(config: JobConfig) -> list[tuple[str, str | None]]:
         [("text", "string")] if decode.format == "text"
         else list((field_types(decode.schema or "") or {}).items()) if decode.format == "json"
         else [])
-    keeps_payload = decode.format == "raw" or (decode.format == "json" and decode.keep_raw)
     columns = [(name, kind.lower()) for name, kind in ORIGIN] + payload
-    columns += [("data", "binary")] * keeps_payload
+    columns += [("data", "binary")] * decode.keeps_payload
     for expression in config.target.partition_by:
         name, plain = partition_column_name(expression)
         if name and not plain:

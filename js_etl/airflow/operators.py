@@ -25,9 +25,9 @@ import os
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, get_args
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.sdk import Asset, AssetAlias, BaseOperator, BaseOperatorLink
@@ -44,15 +44,18 @@ from js_etl.config import JobConfig
 from js_etl.drain.preflight import check_drain, nothing_to_drain, skipped_report
 from js_etl.errors import JsEtlError, TerminalError
 from js_etl.report import summary_table
+from js_etl.streaming.preflight import check_stream
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
     from airflow.sdk.types import TaskInstanceKey
 
-Job = Literal["drain", "backfill"]
+T = TypeVar("T")
+Job = Literal["drain", "backfill", "stream"]
 # The packaged job scripts (js_etl/jobs/) of the installed js_etl, from a wheel or a checkout.
 JOBS_DIR = Path(js_etl.jobs.__file__).resolve().parent
-JOB_SCRIPTS: dict[str, str] = {"drain": "drain.py", "backfill": "backfill.py"}
+JOB_SCRIPTS: dict[str, str] = {"drain": "drain.py", "backfill": "backfill.py",
+                               "stream": "stream.py"}
 # The job's config beside a driver in cluster deploy mode (shipped with --files).
 CLUSTER_CONFIG_NAME = "js-etl-job.yaml"
 EXIT_MEANINGS = {
@@ -170,8 +173,9 @@ class JetStreamToDeltaOperator(BaseOperator):
     :param config_path: the job's YAML config (absolute path; templated).
     :param overrides: config overrides passed as ``--set key=value``: a dict
         (``{"run.max_messages": 10000}``) or a list of ``"key=value"`` (templated).
-    :param job: ``"drain"`` (:mod:`js_etl.jobs.drain`) or ``"backfill"``
-        (:mod:`js_etl.jobs.backfill`).
+    :param job: ``"drain"`` (:mod:`js_etl.jobs.drain`), ``"backfill"``
+        (:mod:`js_etl.jobs.backfill`) or ``"stream"`` (:mod:`js_etl.jobs.stream`: an
+        AvailableNow Structured Streaming query from the checkpoint ``streaming.checkpoint``).
     :param job_args: more arguments for the job script, e.g. ``["--from-seq", "1000"]`` for a
         backfill (templated; an XComArg works too).
     :param nats_conn_id: the ``nats`` connection; it owns the config's whole ``nats`` section.
@@ -323,6 +327,8 @@ class JetStreamToDeltaOperator(BaseOperator):
         environ = {**os.environ, **job_env, **user_env}
         config = load_job_config(config_path, overrides, environ)
         self._config = config
+        if self.job == "stream":
+            self._checked(check_stream, config, environ)
         if self.job == "drain" and self._nothing_to_drain(config, environ):
             report = skipped_report(config).as_dict()
             self.log.info("js-etl drain not submitted: consumer %s of stream %s has nothing "
@@ -349,14 +355,21 @@ class JetStreamToDeltaOperator(BaseOperator):
         environment the job would see: a failure fails the task as the job's would (a terminal
         one without retries), only sooner; True when the consumer has nothing to drain and
         ``skip_when_empty``."""
+        _, info = self._checked(check_drain, config, environ)
+        return self.skip_when_empty and nothing_to_drain(info)
+
+    @staticmethod
+    def _checked(check: Callable[[JobConfig, Mapping[str, str]], T], config: JobConfig,
+                 environ: Mapping[str, str]) -> T:
+        """``check(config, environ)``; its failure fails the task as the job's would: a
+        terminal one without retries."""
         try:
-            _, info = check_drain(config, environ)
+            return check(config, environ)
         except JsEtlError as e:
             reason = f"js-etl: {type(e).__name__}: {e}"
             if isinstance(e, TerminalError):
                 raise AirflowFailException(reason) from None
             raise AirflowException(reason) from None
-        return self.skip_when_empty and nothing_to_drain(info)
 
     def _job_arguments(self, config_path: str, overrides: Sequence[str],
                        report_file: str) -> list[str]:

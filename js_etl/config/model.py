@@ -258,6 +258,12 @@ class DecodeConfig(_Section):
     unknown_fields: Literal["ignore", "dead_letter"] = setting(
         "ignore", choice("ignore", "dead_letter"))
 
+    @property
+    def keeps_payload(self) -> bool:
+        """Whether a good row keeps the payload's bytes in ``data``: a raw table's only column,
+        or a json table's with keep_raw."""
+        return self.format == "raw" or (self.format == "json" and self.keep_raw)
+
     def _check(self) -> None:
         for key, off in (("keep_raw", False), ("unknown_fields", "ignore")):
             if self.format != "json" and getattr(self, key) != off:
@@ -355,6 +361,24 @@ class SparkConfig(_Section):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class StreamingConfig(_Section):
+    """``js-etl stream``: a Structured Streaming query (Trigger.AvailableNow) instead of a
+    drain (js_etl.streaming)."""
+
+    checkpoint: str | None = setting(None, TEXT)  # the query's checkpoint location
+    start: Literal["earliest", "latest"] = setting("earliest", choice("earliest", "latest"))
+    from_seq: int | None = setting(None, count())  # instead of start: a stream sequence
+    max_messages_per_batch: int | None = setting(None, count())
+    fail_on_data_loss: bool = setting(True, BOOL)
+    commit_consumer: bool = setting(False, BOOL)  # move source.consumer to what is committed
+
+    def _check(self) -> None:
+        if self.from_seq is not None and self.start != "earliest":
+            raise ConfigError("streaming.start and streaming.from_seq both say where the query "
+                              "starts: keep one")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class JobConfig(_Section):
     nats: NatsConfig = section(NatsConfig)
     source: SourceConfig = section(SourceConfig, required=True)
@@ -363,6 +387,7 @@ class JobConfig(_Section):
     decode: DecodeConfig = section(DecodeConfig)
     target: TargetConfig = section(TargetConfig, required=True)
     spark: SparkConfig = section(SparkConfig)
+    streaming: StreamingConfig = section(StreamingConfig)
 
     def _check(self) -> None:
         # A partition expression whose name the table already has is not added (the existing

@@ -9,10 +9,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
+from js_etl.errors import ConfigError
+
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
-    from js_etl.config import TargetConfig
+    from js_etl.config import JobConfig, TargetConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,3 +156,17 @@ def local_directory(location: str) -> str | None:
     if "://" in location or ":" in location.split("/")[0]:
         return None
     return os.path.abspath(location)
+
+
+def check_target_paths(config: JobConfig) -> None:
+    """Refuse (exit 2, path named) a local table or dead-letter path that cannot be written
+    (under a regular file, in /proc, no permission) before Spark starts, instead of an
+    unexplained failure (exit 1) after the first round was fetched."""
+    from js_etl.config import local_path_problem
+
+    target = config.target
+    for key, path in (("target.path", target.path),
+                      ("target.dead_letter_path", target.resolved_dead_letter_path)):
+        problem = local_path_problem(path) if path else None
+        if problem:
+            raise ConfigError(f"{key} {path}: {problem}; point it at a writable directory")

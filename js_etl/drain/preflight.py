@@ -12,24 +12,10 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from js_etl.config import JobConfig
-from js_etl.errors import ConfigError
+from js_etl.delta.rules import check_target_paths
 from js_etl.jetstream.api import ConsumerInfo
 from js_etl.jetstream.options import ConnectionOptions
 from js_etl.report import RunReport, StopReason
-
-
-def check_target_paths(config: JobConfig) -> None:
-    """Refuse (exit 2, path named) a local table or dead-letter path that cannot be written
-    (under a regular file, in /proc, no permission) before Spark starts, instead of an
-    unexplained failure (exit 1) after the first round was fetched."""
-    from js_etl.config import local_path_problem
-
-    target = config.target
-    for key, path in (("target.path", target.path),
-                      ("target.dead_letter_path", target.resolved_dead_letter_path)):
-        problem = local_path_problem(path) if path else None
-        if problem:
-            raise ConfigError(f"{key} {path}: {problem}; point it at a writable directory")
 
 
 def check_drain(config: JobConfig, environ: Mapping[str, str] | None = None

@@ -1,4 +1,5 @@
-"""``spark.read.format("nats_jetstream")``: a batch Spark data source over a range of a stream.
+"""``spark.read.format("nats_jetstream")``: a batch Spark data source over a range of a stream
+(and, through :meth:`NatsJetStreamSource.streamReader`, ``spark.readStream``'s).
 
 Built on Spark 4's Python Data Source API (``pyspark.sql.datasource``). After
 :func:`register` (once per SparkSession)::
@@ -14,7 +15,9 @@ How a read is planned, and why it is deterministic:
 * ``load()`` runs :meth:`NatsJetStreamSource.schema` in a Python worker on the driver. It checks
   every option (a bad one fails here, naming it), connects, and resolves the range to stream
   sequences with the backfill's resolver (:func:`~js_etl.source.read_range.resolve_sequences`):
-  inclusive bounds, RFC 3339 times, the end defaulting to the stream's last sequence *now*.
+  inclusive bounds, RFC 3339 times, the end defaulting to the stream's last sequence *now* (a
+  range no read can take fails when the read is planned: ``spark.readStream`` makes its
+  DataFrame with the same call, and starts there; :mod:`js_etl.source.stream`).
   Spark pickles the source after ``schema()``, so the resolved range travels with the DataFrame:
   every action on it reads the same sequences, however much is published meanwhile.
 * Each action plans the scan: :meth:`NatsJetStreamReader.pushFilters` narrows that range with
@@ -47,7 +50,7 @@ import pyarrow.compute as pc
 from js_etl.config.model import DecodeConfig
 from js_etl.decode.arrow import BatchDecoder
 from js_etl.durable.policy import source_stream_info
-from js_etl.errors import ConfigError, JsEtlError
+from js_etl.errors import ConfigError, JsEtlError, PurgedRangeError, RangeError
 from js_etl.faults import fail_first_attempt
 from js_etl.instant import format_instant, parse_instant
 from js_etl.jetstream import ConnectionOptions, JetStreamSession
@@ -70,6 +73,7 @@ try:  # pyspark is a dependency of js_etl.spark; the import is kept local to thi
     from pyspark.sql.datasource import (
         DataSource,
         DataSourceReader,
+        DataSourceStreamReader,
         EqualTo,
         Filter,
         GreaterThan,
@@ -90,6 +94,7 @@ PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 FAULT_PROPERTY = "js_etl.fault"  # sc.setLocalProperty: tests break a read task on purpose
 MIN_INACTIVE_THRESHOLD = 30.0  # seconds an abandoned ephemeral consumer outlives its task
 SPELLING = Spelling(what="read", cli=False)
+RangeFailure = RangeError | PurgedRangeError  # a range no batch read can take
 
 def register(spark: SparkSession) -> None:
     """Make ``spark.read.format("nats_jetstream")`` available in this SparkSession.
@@ -155,33 +160,61 @@ class NatsJetStreamSource(DataSource):
         return NAME
 
     def schema(self) -> str:
-        # Called once, by load(): plan here so errors come when the DataFrame is created, and
-        # the resolved range is pickled with this source for every later action.
+        # Called once, by load() of spark.read and of spark.readStream alike: the options, the
+        # connection and the stream are checked here, so those errors come when the DataFrame
+        # is created. A batch read's range is resolved here too and pickled with this source
+        # for every later action; what makes it impossible (an empty stream, a start past the
+        # end) is where a stream starts to wait, so it is raised when a batch read is planned.
         parsed = SourceOptions.parse(self.options)
-        self._plan = plan_read(parsed)
+        self._plan: ReadPlan | RangeFailure = plan_read(parsed)
         return schema_ddl(parsed.decode)
 
     def reader(self, schema: StructType) -> NatsJetStreamReader:
-        plan: ReadPlan | None = getattr(self, "_plan", None)
+        plan = self._planned()
+        if isinstance(plan, RangeFailure):
+            raise plan
+        given = SourceOptions.parse(self.options).streaming.given
+        if given:
+            raise ConfigError(f"option {given[0]} is for spark.readStream; a batch read "
+                              "takes from_seq/from_time and to_seq/to_time")
+        return NatsJetStreamReader(replace(plan, payload_json=payload_json(plan.decode, schema)))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        self._planned()
+        from js_etl.source.stream import NatsJetStreamStreamReader
+
+        parsed = SourceOptions.parse(self.options)
+        return NatsJetStreamStreamReader(parsed, payload_json(parsed.decode, schema))
+
+    def _planned(self) -> ReadPlan | RangeFailure:
+        plan: ReadPlan | RangeFailure | None = getattr(self, "_plan", None)
         if plan is None:  # a schema given with .schema(...): schema() was never called
             raise ConfigError("the nats_jetstream source makes its own schema: do not pass "
                               ".schema(...); use the options decode and schema")
-        if plan.decode.format == "json":
-            # The payload columns as Spark parsed them: the executors decode into these types.
-            from pyspark.sql.types import StructType
-
-            payload = StructType(schema.fields[len(ORIGIN_COLUMNS):-2])
-            plan = replace(plan, payload_json=payload.json())
-        return NatsJetStreamReader(plan)
+        return plan
 
 
-def plan_read(parsed: SourceOptions) -> ReadPlan:
-    """Resolve the range on the driver (NATS only): one clear error per impossible read."""
+def payload_json(decode: DecodeConfig, schema: StructType) -> str | None:
+    """json: the payload columns as Spark parsed them (the executors decode into these types)."""
+    if decode.format != "json":
+        return None
+    from pyspark.sql.types import StructType
+
+    return StructType(schema.fields[len(ORIGIN_COLUMNS):-2]).json()
+
+
+def plan_read(parsed: SourceOptions) -> ReadPlan | RangeFailure:
+    """Resolve the range on the driver (NATS only): one clear error per impossible read,
+    raised, or returned where it is only a batch read's (see :meth:`NatsJetStreamSource.schema`).
+    """
     options = parsed.nats.connection_options()
     options.check_files()
     with JetStreamSession(options) as js:
         stream = source_stream_info(js, parsed.stream, "the option stream")
-        found = resolve_sequences(js, stream, parsed.request, SPELLING)
+        try:
+            found = resolve_sequences(js, stream, parsed.request, SPELLING)
+        except (RangeError, PurgedRangeError) as e:
+            return e
     fetch = parsed.fetch
     return ReadPlan(options=options, stream=parsed.stream, lo=found.lo, hi=found.hi,
                     filter_subjects=parsed.filter_subjects, batch=fetch.batch,

@@ -13,9 +13,9 @@ import difflib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from js_etl.config.model import DecodeConfig, FetchConfig, NatsConfig, TlsConfig
+from js_etl.config.model import DecodeConfig, FetchConfig, JobConfig, NatsConfig, TlsConfig
 from js_etl.errors import ConfigError, RangeError
 from js_etl.instant import format_instant, parse_instant
 from js_etl.source.read_range import RangeRequest
@@ -32,7 +32,10 @@ _FETCH = {"partitions": "partitions", "batch": "batch", "max_bytes": "max_bytes"
           "pull_timeout": "pull_timeout"}
 _DECODE = {"decode": "format", "schema": "schema", "keep_raw": "keep_raw"}
 _RANGE = ("from_seq", "to_seq", "from_time", "to_time")
-OPTIONS = (*_CONNECTION, *_TLS, "stream", "filter_subjects", *_RANGE, *_FETCH, *_DECODE)
+# spark.readStream only (a batch read refuses them when it is planned)
+STREAMING = ("start", "max_messages_per_batch", "fail_on_data_loss", "commit_consumer")
+OPTIONS = (*_CONNECTION, *_TLS, "stream", "filter_subjects", *_RANGE, *_FETCH, *_DECODE,
+           *STREAMING)
 # Options are shown in query plans, the Spark UI and logs: a secret given as an option leaks.
 _SECRET_OPTIONS = {
     "token": "token_env (name of an environment variable) or token_file",
@@ -51,6 +54,17 @@ _SECRET_VALUE = re.compile(r"-----BEGIN NATS USER JWT-----|^S[A-Z]A[A-Z2-7]{50,}
 
 # --- parsing --------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
+class StreamingOptions:
+    """What only ``spark.readStream`` takes; its start is otherwise ``from_seq``/``from_time``."""
+
+    start: Literal["earliest", "latest"] = "earliest"  # without from_seq/from_time
+    max_messages_per_batch: int | None = None  # sequences per micro-batch (admission control)
+    fail_on_data_loss: bool = True  # messages gone before the query read them: fail, or skip
+    commit_consumer: str | None = None  # a durable consumer moved to what the sink committed
+    given: tuple[str, ...] = ()  # which of these options were set
+
+
+@dataclass(frozen=True, slots=True)
 class SourceOptions:
     """The checked options of one read (no NATS needed to build them)."""
 
@@ -60,6 +74,7 @@ class SourceOptions:
     request: RangeRequest
     fetch: FetchConfig
     decode: DecodeConfig
+    streaming: StreamingOptions = StreamingOptions()
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -95,7 +110,8 @@ class SourceOptions:
             decode = DecodeConfig(**decoding)
         filters = tuple(s.strip() for s in given.get("filter_subjects", "").split(",")
                         if s.strip())
-        return cls(nats, stream, filters, _request(given), fetch, decode)
+        request = _request(given)
+        return cls(nats, stream, filters, request, fetch, decode, _streaming(given, request))
 
 
 def _typed(text: str) -> Any:
@@ -132,6 +148,58 @@ def _request(given: Mapping[str, str]) -> RangeRequest:
         raise RangeError(f"empty range: to_time {format_instant(end)} is before from_time "
                          f"{format_instant(start)}")
     return RangeRequest(lo, hi, start, end)
+
+
+def _streaming(given: Mapping[str, str], request: RangeRequest) -> StreamingOptions:
+    start = given.get("start", "earliest").strip().lower()
+    if start not in ("earliest", "latest"):
+        raise ConfigError(f"option start must be earliest or latest, got {given['start']!r}; "
+                          "a sequence or a time is from_seq or from_time")
+    if "start" in given and (request.from_seq is not None or request.from_time is not None):
+        raise ConfigError("give at most one start: start, from_seq or from_time")
+    limit = given.get("max_messages_per_batch")
+    if limit is not None and (not limit.strip().isdigit() or int(limit) < 1):
+        raise ConfigError(f"option max_messages_per_batch must be a count (1 or more), "
+                          f"got {limit!r}")
+    fail = given.get("fail_on_data_loss", "true").strip().lower()
+    if fail not in ("true", "false"):
+        raise ConfigError(f"option fail_on_data_loss must be true or false, got {fail!r}")
+    consumer = given.get("commit_consumer")
+    if consumer is not None and not re.fullmatch(r"[^.*>\s]+", consumer):
+        raise ConfigError(f"option commit_consumer must be a consumer name (no '.', '*', '>' "
+                          f"or spaces), got {consumer!r}")
+    return StreamingOptions("latest" if start == "latest" else "earliest",
+                            None if limit is None else int(limit), fail == "true",
+                            consumer, tuple(k for k in STREAMING if k in given))
+
+
+def job_options(config: JobConfig) -> dict[str, str]:
+    """The options that read ``config``'s stream as its job would: its connection (credentials
+    by file path or variable name, as the config holds them), filter, fetch and decode
+    settings, and its ``streaming`` section."""
+    def text(value: Any) -> str:
+        if isinstance(value, (list, tuple)):
+            return ",".join(str(v) for v in value)
+        return str(value).lower() if isinstance(value, bool) else str(value)
+
+    sections = ((_CONNECTION, config.nats), (_TLS, config.nats.tls), (_FETCH, config.fetch),
+                (_DECODE, config.decode))
+    options = {option: text(getattr(section, key)) for keys, section in sections
+               for option, key in keys.items() if getattr(section, key) not in (None, False)}
+    options["stream"] = config.source.stream
+    if config.source.filter_subjects:
+        options["filter_subjects"] = text(config.source.filter_subjects)
+    streaming = config.streaming
+    if streaming.from_seq is not None:
+        options["from_seq"] = str(streaming.from_seq)
+    else:
+        options["start"] = streaming.start
+    if streaming.max_messages_per_batch is not None:
+        options["max_messages_per_batch"] = str(streaming.max_messages_per_batch)
+    options["fail_on_data_loss"] = text(streaming.fail_on_data_loss)
+    if streaming.commit_consumer:
+        options["commit_consumer"] = config.source.consumer
+    return options
 
 
 _CONFIG_KEYS = {**{f"nats.{v}": k for k, v in _CONNECTION.items()},

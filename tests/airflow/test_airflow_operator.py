@@ -54,7 +54,8 @@ def test_operator_checks_its_modes_and_names_its_outlet_without_reading_the_conf
 
     # Built as a DAG file builds it: no file is read, so one that does not exist will do.
     config = tmp_path / "not-there.yaml"
-    with pytest.raises(ValueError, match="job must be one of 'drain', 'backfill', got 'drian'"):
+    with pytest.raises(ValueError,
+                       match="job must be one of 'drain', 'backfill', 'stream', got 'drian'"):
         JetStreamToDeltaOperator(task_id="t", config_path=config, job="drian")
 
     with DAG("orders", schedule=None, start_date=datetime(2026, 1, 1, tzinfo=UTC)):
@@ -264,6 +265,36 @@ def test_dag_drains_a_real_stream_into_delta_and_returns_the_report(tjs, names, 
 
     # Parsed, run, its asset event and both lineage events: the config was read once, by execute.
     assert reads.read_text().splitlines() == [str(config)]
+
+
+def test_a_stream_task_runs_the_stream_job_and_returns_its_report(tjs, names, tmp_path):
+    """``job="stream"``: spark-submit of the packaged stream job, an AvailableNow query from
+    the checkpoint the overrides name; its report in XCom, the table read back by deltalake."""
+    from deltalake import DeltaTable
+
+    tjs.run(tjs.admin.add_stream(names.stream, [names.subject]))
+    tjs.run(publish(tjs.conn, [(f"{names.prefix}.e", b"%d" % i) for i in range(120)]))
+    tjs.run(wait_for_messages(tjs.conn, names.stream, 120))
+    table = tmp_path / "table"
+    config = write_config(tmp_path, names, table)
+    dag_id = f"stream_{names.stream}"
+    dag = load_dag(write_dag(dag_id, f"""
+        with DAG(DAG_ID, schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
+                 catchup=False, default_args={{"on_failure_callback": record_failure}}) as dag:
+            JetStreamToDeltaOperator(task_id="stream", job="stream", config_path={str(config)!r},
+                                     overrides={{"streaming.checkpoint": {str(tmp_path / "cp")!r},
+                                                "streaming.max_messages_per_batch": 50}},
+                                     nats_conn_id="nats_test")
+        """))
+
+    dag_run = dag.test()
+
+    assert task_states(dag_run) == {"stream": "success"}, failures(dag_id)
+    report = xcom(dag_run, "stream")
+    assert report["messages_written"] == 120 and report["checkpoint"] == str(tmp_path / "cp")
+    assert [b["last_seq"] for b in report["batches"]] == [50, 100, 120]
+    assert sorted(DeltaTable(str(table)).to_pyarrow_table(columns=["seq"])
+                  .column("seq").to_pylist()) == list(range(1, 121))
 
 
 def test_failed_job_fails_the_task_with_the_jobs_own_reason(names, tmp_path, tjs):

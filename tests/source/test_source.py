@@ -299,8 +299,6 @@ def test_errors_are_one_clear_line_when_the_dataframe_is_made(source, js, names,
     purge_stream(js, names.stream, keep=5)
     cases = [
         (dict(stream="NO_SUCH_STREAM"), StreamNotFoundError, "stream 'NO_SUCH_STREAM' not found"),
-        (dict(from_seq=2), PurgedRangeError, "start at from_seq=6"),
-        (dict(from_seq=20), RangeError, "ends at seq 10"),
         (dict(servers=f"nats://127.0.0.1:{free_port()}", connect_timeout=1),
          NatsUnavailableError, ""),
         (dict(from_seq="abc"), RangeError, "option from_seq must be a stream sequence"),
@@ -308,6 +306,7 @@ def test_errors_are_one_clear_line_when_the_dataframe_is_made(source, js, names,
         (dict(decode="xml"), ConfigError, "option decode"),
         (dict(decode="json"), ConfigError, "schema"),
         (dict(from_time="yesterday"), ConfigError, "option from_time"),
+        (dict(start="newest"), ConfigError, "option start must be earliest or latest"),
     ]
     for options, kind, text in cases:
         options = {"servers": nats_server.url, "stream": names.stream, **options}
@@ -316,6 +315,20 @@ def test_errors_are_one_clear_line_when_the_dataframe_is_made(source, js, names,
             r = r.option(key, str(value))
         with pytest.raises(Exception) as raised:
             made(r)  # not deep in a task: creating (analyzing) the DataFrame fails
+        error = load_error(raised.value)
+        assert isinstance(error, kind), (options, str(raised.value)[-400:])
+        assert text in str(error) and "\n" not in str(error)
+
+    # A range no batch read can take is where a stream starts waiting (the same options make
+    # spark.readStream's DataFrame): it fails when the read is planned, still in one line.
+    for options, kind, text in [
+        (dict(from_seq=2), PurgedRangeError, "start at from_seq=6"),
+        (dict(from_seq=20), RangeError, "ends at seq 10"),
+        (dict(max_messages_per_batch=5), ConfigError, "is for spark.readStream"),
+    ]:
+        df = made(reader(source, nats_server.url, names.stream, **options))
+        with pytest.raises(Exception) as raised:
+            df.collect()
         error = load_error(raised.value)
         assert isinstance(error, kind), (options, str(raised.value)[-400:])
         assert text in str(error) and "\n" not in str(error)

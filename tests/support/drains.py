@@ -104,7 +104,9 @@ def table_seqs(spark: Any, names: Any, table: str) -> list[int]:
 
 
 def drain_process(names: Any, url: str, table: Path | str, fault: str | None, marker: str,
-                  *extra: str, gate: Path | None = None) -> subprocess.Popen[str]:
+                  *extra: str, gate: Path | None = None, command: str = "drain",
+                  env_extra: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """``js-etl <command>`` (a drain by default) in its own process, its fault point armed."""
     env = {**os.environ, "TZ": "UTC", "JS_ETL_TEST_MARKER": marker,
            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     env.pop("JS_ETL_FAULT", None)
@@ -112,7 +114,8 @@ def drain_process(names: Any, url: str, table: Path | str, fault: str | None, ma
         env["JS_ETL_FAULT"] = fault
     if gate is not None:
         env["JS_ETL_FAULT_GATE"] = str(gate)
-    args = [str(BIN / "js-etl"), "drain"]
+    env.update(env_extra or {})
+    args = [str(BIN / "js-etl"), command]
     for item in overrides(names, url, table, *extra):
         args += ["--set", item]
     return subprocess.Popen(args, env=env, cwd=REPO, stdout=subprocess.PIPE,

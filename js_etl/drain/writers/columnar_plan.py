@@ -159,12 +159,6 @@ def _decode_problem(config: JobConfig) -> str | None:
     return None
 
 
-def keeps_payload(decode: DecodeConfig) -> bool:
-    """Whether a good row keeps the payload's bytes in ``data``: a raw drain's only column, or
-    a json drain's with keep_raw."""
-    return decode.format == "raw" or (decode.format == "json" and decode.keep_raw)
-
-
 def _payload_type_fields(decode: DecodeConfig) -> dict[str, str]:
     """The payload columns of a raw or text drain, as {name: simple type}."""
     return {"text": "string"} if decode.format == "text" else {}
@@ -223,8 +217,8 @@ def _partition_columns(config: JobConfig, payload: StructType) -> tuple[Partitio
 def row_schema(config: JobConfig) -> tuple[StructType, list[str]]:
     """The schema of the rows this writer writes for a job :func:`config_problem` accepted, and
     the table's partition columns: the origin columns, the payload's fields (``text`` of a text
-    drain), ``data`` where a row keeps the payload (:func:`keeps_payload`), then each computed
-    partition column (a DATE).
+    drain), ``data`` where a row keeps the payload (``DecodeConfig.keeps_payload``), then each
+    computed partition column (a DATE).
 
     It is the schema the Spark writer's rows have (:meth:`~js_etl.drain.run.Drain.
     _empty_rows`; tests/drain/test_columnar.py compares the two for every kind of field and
@@ -236,7 +230,7 @@ def row_schema(config: JobConfig) -> tuple[StructType, list[str]]:
     assert isinstance(raw, StructType)
     payload = _payload_type(config.decode)
     fields = [raw[name] for name in ORIGIN_COLUMNS] + payload.fields
-    if keeps_payload(config.decode):
+    if config.decode.keeps_payload:
         fields.append(raw["data"])
     partitions = _partition_columns(config, payload)
     fields += [StructField(c.name, DateType()) for c in partitions if c.source is None]

@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 
 from js_etl.delta.files import TaskFiles, WrittenFile
 from js_etl.drain.fetch import FetchPlan, fetch_partition
-from js_etl.drain.writers.columnar_plan import ColumnarPlan, keeps_payload
+from js_etl.drain.writers.columnar_plan import ColumnarPlan
 from js_etl.faults import fail_first_attempt
 from js_etl.schema import dead_letter_arrow
 
@@ -102,7 +102,7 @@ def fetch_decode_write(fetch: FetchPlan, plan: ColumnarPlan, round_no: int,
         # Late binding wanted: the fetch asks before each pull what is held by then.
         for raw in fetch_partition(fetch, elements, held=lambda: dead_bytes):  # noqa: B023
             decoded = decoder(raw)
-            # A good row keeps its payload only where keeps_payload says so: the bytes, and a
+            # A good row keeps its payload only where the decode keeps the payload: the bytes, and a
             # row that is parked below, take it from the pull.
             payloads = raw.column("data")
             error = decoded.column("error")
@@ -113,7 +113,7 @@ def fetch_decode_write(fetch: FetchPlan, plan: ColumnarPlan, round_no: int,
                     f" times (more than source.max_deliver {plan.park_after})", "")
                 error = pc.if_else(pc.greater(delivered, plan.park_after), poison, error)
             dead = pc.is_valid(error)
-            rows = decoded.drop_columns(["error"] if keeps_payload(plan.decode)
+            rows = decoded.drop_columns(["error"] if plan.decode.keeps_payload
                                         else ["error", "data"])
             yield TaskOutput(keys=_key_blob(decoded, dead, payloads))
             if pc.any(dead).as_py():

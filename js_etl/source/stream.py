@@ -1,0 +1,210 @@
+"""``spark.readStream.format("nats_jetstream")``: micro-batches over a stream's sequences.
+
+Offsets are stream sequences: ``{"stream": "ORDERS", "seq": N}`` is "every message before seq
+N was handed to the query", and a micro-batch from offset ``a`` to ``b`` is the sequence range
+``[a, b - 1]``, cut into partitions and read like a batch read
+(:func:`~js_etl.source.datasource.read_partition`: an ephemeral ack-none consumer per task, by
+position). What this relies on for exactly-once with a sink such as Delta:
+
+* a batch's range is fixed by its offsets, which Spark writes to the checkpoint before the batch
+  runs; a retried task or a restarted query reads the same range, and the stream still holds
+  the same messages in it (they never change; only retention, a purge or a delete removes one —
+  see ``fail_on_data_loss``);
+* the sink commits each batch once (Delta's streaming sink records the batch id in the commit).
+
+``commit(end)`` — called by Spark after the sink committed the batch ending at ``end`` — moves
+the durable consumer named by ``commit_consumer`` (if any) to ``end`` with a consumer reset, so
+its ``num_pending`` counts what the query has not committed yet; never ahead of the sink, never
+backwards. The query itself never reads through that consumer.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+from js_etl.durable.policy import source_stream_info
+from js_etl.errors import ConfigError, PurgedRangeError
+from js_etl.instant import format_instant
+from js_etl.jetstream import ConnectionOptions, JetStreamSession, StreamInfo
+from js_etl.jetstream.admin import first_message_at_or_after
+from js_etl.jetstream.errors import ConsumerNotFoundError
+from js_etl.source.datasource import Pushed, ReadPlan, read_partition
+from js_etl.source.options import SourceOptions
+from js_etl.source.read_range import split_range
+
+log = logging.getLogger(__name__)
+
+
+class NatsJetStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """The micro-batch reader; one instance lives on the driver for the whole query."""
+
+    def __init__(self, parsed: SourceOptions, payload_json: str | None) -> None:
+        if parsed.request.to_seq is not None or parsed.request.to_time is not None:
+            raise ConfigError("a stream has no end: to_seq and to_time are for spark.read "
+                              "(Trigger.AvailableNow stops at what the stream held when the "
+                              "query started)")
+        self.parsed = parsed
+        self.options = parsed.nats.connection_options()
+        fetch = parsed.fetch
+        self.plan = ReadPlan(
+            options=self.options, stream=parsed.stream, lo=0, hi=-1,
+            filter_subjects=parsed.filter_subjects, batch=fetch.batch, max_bytes=fetch.max_bytes,
+            pull_timeout=fetch.pull_timeout, partitions=fetch.partitions, decode=parsed.decode,
+            pushed=Pushed(), payload_json=payload_json)
+        self.fail_on_data_loss = parsed.streaming.fail_on_data_loss
+        self.target: int | None = None  # Trigger.AvailableNow: no offset beyond it
+        self._js: JetStreamSession | None = None
+
+    # --- the driver side: offsets --------------------------------------------------------
+    def initialOffset(self) -> dict[str, Any]:
+        """Where a new query starts (a restarted one starts from its checkpoint instead)."""
+        info = self._stream()
+        request, streaming = self.parsed.request, self.parsed.streaming
+        first, last = _first(info), info.state.last_seq
+        if request.from_seq is not None:
+            seq = request.from_seq
+        elif request.from_time is not None:
+            found = self._session().run(first_message_at_or_after(
+                self._session().admin, info.name, format_instant(request.from_time)))
+            seq = found[0] if found is not None else last + 1
+        else:
+            seq = last + 1 if streaming.start == "latest" else first
+        return self._offset(seq)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        limit = self.parsed.streaming.max_messages_per_batch
+        return ReadAllAvailable() if limit is None else ReadMaxRows(limit)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.target = self._stream().state.last_seq + 1
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        """The next batch's end: what the stream holds now (or the AvailableNow target), at
+        most ``limit`` sequences past ``start``. Messages gone before ``start`` (retention, a
+        purge) fail the query, or with ``fail_on_data_loss=false`` are skipped and counted
+        in the offset's ``skipped``."""
+        seq = self._seq(start)
+        info = self._stream()
+        first = _first(info)
+        skipped = int(start.get("skipped", 0))
+        if seq < first:
+            if self.fail_on_data_loss:
+                raise _data_loss(info.name, seq, first)
+            log.warning("stream %s no longer holds seqs %d..%d (purged or expired): skipped "
+                        "(fail_on_data_loss=false)", info.name, seq, first - 1)
+            skipped += first - seq
+            seq = first
+        end = info.state.last_seq + 1
+        if self.target is not None:
+            end = min(end, self.target)
+        if isinstance(limit, ReadMaxRows):
+            end = min(end, seq + limit.max_rows)
+        return self._offset(max(seq, end), skipped)
+
+    def reportLatestOffset(self) -> dict[str, Any]:
+        return self._offset(self._stream().state.last_seq + 1)
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        lo, hi = self._seq(start), self._seq(end) - 1
+        if hi < lo:
+            return []
+        return [InputPartition(bounds) for bounds in split_range(lo, hi, self.plan.partitions)]
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """The sink committed everything before ``end``: move ``commit_consumer`` there."""
+        consumer = self.parsed.streaming.commit_consumer
+        if consumer is not None:
+            move_consumer_on(self._session(), self.plan.stream, consumer, self._seq(end))
+
+    def stop(self) -> None:
+        if self._js is not None:
+            self._js.close()
+            self._js = None
+
+    # --- the executor side ---------------------------------------------------------------
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """One sub-range of a batch. Messages gone from the front of the stream since the
+        driver planned the batch fail the task (and so the query), unless
+        ``fail_on_data_loss=false``: the read cannot tell a missing message from one the
+        filter skipped, so a range that does not start with its first sequence asks the
+        stream where it begins now."""
+        lo, hi = partition.value
+        first_read = None
+        for batch in read_partition(self.plan, (lo, hi)):
+            if first_read is None:
+                first_read = batch.column("seq")[0].as_py()
+            yield batch
+        if self.fail_on_data_loss and (first_read is None or first_read > lo):
+            with JetStreamSession(self.options) as js:
+                first = _first(source_stream_info(js, self.plan.stream, "the option stream"))
+            if first > lo:
+                raise _data_loss(self.plan.stream, lo, min(first, hi + 1))
+
+    # --- helpers -------------------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_js"] = None  # the driver's connection never travels
+        return state
+
+    def _session(self) -> JetStreamSession:
+        if self._js is None:  # one connection for the query: Spark asks for offsets often
+            self._js = JetStreamSession(self.options)
+        return self._js
+
+    def _stream(self) -> StreamInfo:
+        return source_stream_info(self._session(), self.plan.stream, "the option stream")
+
+    def _offset(self, seq: int, skipped: int = 0) -> dict[str, Any]:
+        offset: dict[str, Any] = {"stream": self.plan.stream, "seq": seq}
+        if skipped:
+            offset["skipped"] = skipped
+        return offset
+
+    def _seq(self, offset: dict[str, Any]) -> int:
+        if offset.get("stream") != self.plan.stream:
+            raise ConfigError(f"the query's checkpoint is for stream {offset.get('stream')!r}, "
+                              f"not {self.plan.stream!r}: give the query its own checkpoint "
+                              "location")
+        return int(offset["seq"])
+
+
+def move_consumer(options: ConnectionOptions, stream: str, consumer: str, seq: int) -> None:
+    """Move durable ``consumer`` so its next delivery is ``seq`` (what a query committed)."""
+    with JetStreamSession(options) as js:
+        move_consumer_on(js, stream, consumer, seq)
+
+
+def move_consumer_on(js: JetStreamSession, stream: str, consumer: str, seq: int) -> None:
+    """:func:`move_consumer` on an open session. Never backwards: a consumer already past
+    ``seq`` stays (a consumer reset would deliver again what it delivered)."""
+    try:
+        info = js.consumer_info(stream, consumer)
+    except ConsumerNotFoundError:
+        raise ConfigError(f"commit_consumer: consumer {consumer!r} not found on stream "
+                          f"{stream}") from None
+    if info.delivered.stream_seq + 1 < seq:
+        js.run(js.admin.reset_consumer(stream, consumer, seq))
+
+
+def _first(info: StreamInfo) -> int:
+    """The first sequence the stream holds or will hold (an empty new stream says 0)."""
+    return max(info.state.first_seq, 1)
+
+
+def _data_loss(stream: str, seq: int, first: int) -> PurgedRangeError:
+    return PurgedRangeError(
+        f"stream {stream} no longer holds seqs {seq}..{first - 1}, which the query has not read "
+        f"(purged or expired): the first available is seq {first}; set fail_on_data_loss=false "
+        "to skip them")
+

@@ -1,0 +1,253 @@
+"""``spark.readStream.format("nats_jetstream")`` against a real nats-server, the session's Spark
+and Delta's streaming sink: Trigger.AvailableNow runs that stop, batches within their limits,
+restarts from the checkpoint, messages gone from the stream, the durable consumer that follows
+the query's commits. The reader's offsets are also driven directly (no Spark) where what matters
+is their order, not Spark's timing: the AvailableNow target is frozen however much is published
+after it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+from streams import add_stream, consumer, publish_and_wait, purge_stream, wait_until
+
+from js_etl.errors import ConfigError, PurgedRangeError
+from js_etl.source import register
+from js_etl.source.datasource import load_error
+from js_etl.source.options import SourceOptions
+from js_etl.source.stream import NatsJetStreamStreamReader
+
+pytestmark = pytest.mark.classic_spark  # Connect: the streaming leg is not run over it yet
+
+
+@pytest.fixture(scope="module")
+def source(spark: Any) -> Any:
+    register(spark)
+    return spark
+
+
+def numbered(names: Any, lo: int, hi: int) -> list[tuple[str, bytes]]:
+    return [(f"{names.prefix}.e", b'{"n": %d}' % i) for i in range(lo, hi)]
+
+
+def stream_df(spark: Any, url: str, stream: str, **options: Any) -> Any:
+    r = spark.readStream.format("nats_jetstream").option("servers", url).option("stream", stream)
+    for key, value in options.items():
+        r = r.option(key, str(value))
+    return r.load()
+
+
+def available_now(df: Any, table: Path, checkpoint: Path) -> list[tuple[int, dict[str, Any]]]:
+    """Run ``df`` into the Delta table with Trigger.AvailableNow until it stops; the rows and
+    end offset of each batch that read something."""
+    query = (df.writeStream.format("delta").option("checkpointLocation", str(checkpoint))
+             .trigger(availableNow=True).start(str(table)))
+    assert query.awaitTermination(600), "the AvailableNow query did not stop"
+    if query.exception() is not None:
+        raise query.exception()
+    batches = []
+    for progress in query.recentProgress:
+        end = progress["sources"][0]["endOffset"]
+        if progress["numInputRows"]:
+            batches.append((progress["numInputRows"],
+                            json.loads(end) if isinstance(end, str) else end))
+    return batches
+
+
+def rows_per_batch(batches: list[tuple[int, dict[str, Any]]]) -> list[int]:
+    return [rows for rows, _ in batches]
+
+
+def table_seqs(table: Path) -> list[int]:
+    return sorted(DeltaTable(str(table)).to_pyarrow_table(columns=["seq"])
+                  .column("seq").to_pylist())
+
+
+def direct_reader(url: str, stream: str, **options: Any) -> NatsJetStreamStreamReader:
+    parsed = SourceOptions.parse({"servers": url, "stream": stream,
+                                  **{k: str(v) for k, v in options.items()}})
+    return NatsJetStreamStreamReader(parsed, None)
+
+
+def test_available_now_reads_what_is_there_in_limited_batches_then_resumes(
+        source, js, names, nats_server, tmp_path):
+    add_stream(js, names)
+    publish_and_wait(js, names, numbered(names, 1, 251))
+    table, checkpoint = tmp_path / "table", tmp_path / "checkpoint"
+
+    def run() -> list[dict[str, Any]]:
+        return available_now(stream_df(source, nats_server.url, names.stream,
+                                       max_messages_per_batch=100, partitions=3),
+                             table, checkpoint)
+
+    batches = run()
+    assert rows_per_batch(batches) == [100, 100, 50]
+    assert [end["seq"] for _, end in batches] == [101, 201, 251]
+    assert table_seqs(table) == list(range(1, 251))
+
+    publish_and_wait(js, names, numbered(names, 251, 281))
+    assert rows_per_batch(run()) == [30]  # from the checkpoint: only what came since
+    assert table_seqs(table) == list(range(1, 281))
+    assert run() == []  # nothing new: a run that reads nothing and stops
+
+
+def test_an_empty_stream_starts_a_query_that_reads_nothing_until_messages_come(
+        source, js, names, nats_server, tmp_path):
+    add_stream(js, names)
+    table, checkpoint = tmp_path / "table", tmp_path / "checkpoint"
+    df = stream_df(source, nats_server.url, names.stream)  # a batch read would refuse this
+    assert available_now(df, table, checkpoint) == []
+    publish_and_wait(js, names, numbered(names, 1, 11))
+    assert rows_per_batch(available_now(df, table, checkpoint)) == [10]
+    assert table_seqs(table) == list(range(1, 11))
+
+
+def test_the_available_now_target_is_frozen_when_the_query_starts(js, names, nats_server):
+    add_stream(js, names)
+    publish_and_wait(js, names, numbered(names, 1, 101))
+    reader = direct_reader(nats_server.url, names.stream, max_messages_per_batch=40)
+    try:
+        start = reader.initialOffset()
+        assert start == {"stream": names.stream, "seq": 1}
+        reader.prepareForTriggerAvailableNow()
+        publish_and_wait(js, names, numbered(names, 101, 201))  # after the query started
+        ends, offset = [], start
+        while (end := reader.latestOffset(offset, reader.getDefaultReadLimit())) != offset:
+            ends.append(end["seq"])
+            offset = end
+        assert ends == [41, 81, 101]  # never past what the stream held at the start
+        rows = [seq for p in reader.partitions(start, offset)
+                for batch in reader.read(p) for seq in batch.column("seq").to_pylist()]
+        assert rows == list(range(1, 101))
+    finally:
+        reader.stop()
+
+
+def test_a_batch_whose_messages_go_before_its_tasks_read_them_fails_there_unless_told_not_to(
+        js, names, nats_server):
+    """A purge between the driver's plan of a batch and its tasks: the task that finds its
+    range's start gone fails (and with it the query), or reads what is left."""
+    add_stream(js, names)
+    publish_and_wait(js, names, numbered(names, 1, 41))
+    strict = direct_reader(nats_server.url, names.stream, partitions=2)
+    lenient = direct_reader(nats_server.url, names.stream, partitions=2,
+                            fail_on_data_loss="false")
+    try:
+        start = strict.initialOffset()
+        end = strict.latestOffset(start, strict.getDefaultReadLimit())
+        first_half, second_half = strict.partitions(start, end)
+        purge_stream(js, names.stream, keep=30)  # seqs 1..10 gone
+        with pytest.raises(PurgedRangeError, match="no longer holds seqs 1..10,"):
+            list(strict.read(first_half))
+        assert [seq for batch in lenient.read(first_half)
+                for seq in batch.column("seq").to_pylist()] == list(range(11, 21))
+        assert [seq for batch in strict.read(second_half)
+                for seq in batch.column("seq").to_pylist()] == list(range(21, 41))
+    finally:
+        strict.stop()
+        lenient.stop()
+
+
+def test_start_positions(js, names, nats_server):
+    add_stream(js, names)
+    publish_and_wait(js, names, numbered(names, 1, 11))
+    tenth = js.stream_info(names.stream).state.last_ts  # when seq 10 was stored
+    publish_and_wait(js, names, numbered(names, 11, 21))
+    cases = {
+        (): 1, (("start", "earliest"),): 1, (("start", "latest"),): 21,
+        (("from_seq", 7),): 7,
+        (("from_time", tenth.isoformat().replace("+00:00", "Z")),): 10,
+        (("from_time", "2200-01-01T00:00:00Z"),): 21,  # the first message stored from then on
+    }
+    for options, seq in cases.items():
+        reader = direct_reader(nats_server.url, names.stream, **dict(options))
+        try:
+            assert reader.initialOffset()["seq"] == seq, options
+        finally:
+            reader.stop()
+    with pytest.raises(ConfigError, match="give at most one start"):
+        direct_reader(nats_server.url, names.stream, start="latest", from_seq=3)
+    with pytest.raises(ConfigError, match="a stream has no end"):
+        direct_reader(nats_server.url, names.stream, to_seq=3)
+
+
+def test_messages_gone_before_the_query_read_them_fail_it_in_one_line_or_are_skipped(
+        source, js, names, nats_server, tmp_path):
+    add_stream(js, names)
+    publish_and_wait(js, names, numbered(names, 1, 21))
+    table, checkpoint = tmp_path / "table", tmp_path / "checkpoint"
+    assert rows_per_batch(available_now(
+        stream_df(source, nats_server.url, names.stream), table, checkpoint)) == [20]
+    publish_and_wait(js, names, numbered(names, 21, 41))
+    purge_stream(js, names.stream, keep=5)  # seqs 21..35 gone before the query read them
+
+    with pytest.raises(Exception) as raised:
+        available_now(stream_df(source, nats_server.url, names.stream), table, checkpoint)
+    error = load_error(raised.value)
+    assert isinstance(error, PurgedRangeError), str(raised.value)[-600:]
+    assert "no longer holds seqs 21..35" in str(error) and "first available is seq 36" in str(
+        error) and "fail_on_data_loss=false" in str(error) and "\n" not in str(error)
+    assert table_seqs(table) == list(range(1, 21))  # nothing written by the failed run
+
+    batches = available_now(stream_df(source, nats_server.url, names.stream,
+                                      fail_on_data_loss="false"), table, checkpoint)
+    assert rows_per_batch(batches) == [5]
+    assert batches[0][1] == {
+        "stream": names.stream, "seq": 41, "skipped": 15}  # the gap, as the query reports it
+    assert table_seqs(table) == [*range(1, 21), *range(36, 41)]
+
+
+def test_commit_consumer_follows_what_the_sink_committed(source, js, names, nats_server,
+                                                         tmp_path):
+    add_stream(js, names)
+    consumer(js, names.stream, names.consumer, ack_policy="explicit")
+    publish_and_wait(js, names, numbered(names, 1, 151))
+    table, checkpoint = tmp_path / "table", tmp_path / "checkpoint"
+    df = stream_df(source, nats_server.url, names.stream, max_messages_per_batch=100,
+                   commit_consumer=names.consumer)
+    assert rows_per_batch(available_now(df, table, checkpoint)) == [100, 50]
+    info = js.consumer_info(names.stream, names.consumer)
+    # Spark commits a batch to its source when it starts the next one: the last batch's end is
+    # committed by the next run (and never before the sink committed it).
+    assert info.num_pending == 50 and info.delivered.stream_seq == 100
+    publish_and_wait(js, names, numbered(names, 151, 161))
+    assert rows_per_batch(available_now(df, table, checkpoint)) == [10]
+    info = js.consumer_info(names.stream, names.consumer)
+    assert info.num_pending <= 10 and info.delivered.stream_seq >= 150
+    assert table_seqs(table) == list(range(1, 161))
+
+
+def test_hostile_payloads_become_error_rows(source, js, names, nats_server, tmp_path):
+    add_stream(js, names)
+    bad = [b"", b"{", b"\xff\xfe", b'{"n": "x"}', b"[1]", b'{"n": 1e999}']
+    publish_and_wait(js, names, [(f"{names.prefix}.e", p) for p in
+                                 [b'{"n": 1}', *bad, b'{"n": 2}']])
+    table, checkpoint = tmp_path / "table", tmp_path / "checkpoint"
+    df = stream_df(source, nats_server.url, names.stream, decode="json", schema="n BIGINT")
+    assert rows_per_batch(available_now(df, table, checkpoint)) == [8]
+    rows = DeltaTable(str(table)).to_pyarrow_table(columns=["seq", "n", "error"]).to_pylist()
+    rows.sort(key=lambda r: r["seq"])
+    assert [r["n"] for r in rows if r["error"] is None] == [1, 2]
+    assert [r["seq"] for r in rows if r["error"] is not None] == list(range(2, 8))
+
+
+def test_a_query_with_the_default_trigger_reads_messages_as_they_come(
+        source, js, names, nats_server, tmp_path):
+    add_stream(js, names)
+    publish_and_wait(js, names, numbered(names, 1, 11))
+    table = tmp_path / "table"
+    query = (stream_df(source, nats_server.url, names.stream).writeStream.format("delta")
+             .option("checkpointLocation", str(tmp_path / "checkpoint")).start(str(table)))
+    try:
+        wait_until(lambda: table_seqs(table) if (table / "_delta_log").exists() else [],
+                   lambda seqs: len(seqs) >= 10, timeout=300, interval=0.2)
+        publish_and_wait(js, names, numbered(names, 11, 16))
+        seqs = wait_until(lambda: table_seqs(table), lambda seqs: len(seqs) >= 15, timeout=300,
+                          interval=0.2)
+    finally:
+        query.stop()
+    assert seqs == list(range(1, 16)) and query.exception() is None

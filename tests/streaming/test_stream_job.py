@@ -1,0 +1,148 @@
+"""``js-etl stream``: the job's stream into its Delta tables with Trigger.AvailableNow, against
+a real nats-server, Spark and Delta; SIGKILLed at random points of its micro-batches and run
+again from its checkpoint, every message lands once (read back with ``deltalake``, a reader
+independent of Spark).
+
+``JS_ETL_STREAM_KILLS=N`` (default 3) sets how many kills the randomized test makes, and
+``JS_ETL_STREAM_SEED`` its seed (default fixed); each kill point drawn is printed on failure."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+from drains import assert_no_process_left, config_for, drain_process, events
+from streams import add_stream, consumer, publish_and_wait, purge_stream
+
+from js_etl.errors import ConfigError, PurgedRangeError
+from js_etl.streaming.run import run_stream
+
+pytestmark = [pytest.mark.slow, pytest.mark.classic_spark]  # Connect: not run over it yet
+
+KILL_POINTS = ("kill_before_batch_write", "kill_between_tables", "kill_after_batch_write",
+               "offsets_logged")  # the last: Spark logged the batch's offsets (test kills)
+
+
+def seqs(table: Path) -> list[int]:
+    if not (table / "_delta_log").exists():
+        return []
+    return sorted(DeltaTable(str(table)).to_pyarrow_table(columns=["seq"])
+                  .column("seq").to_pylist())
+
+
+def test_a_stream_run_writes_rows_and_dead_letters_and_the_next_run_resumes(
+        spark, js, names, nats_server, tmp_path):
+    messages, good, bad = events(names, 300, poison_every=29)
+    add_stream(js, names)
+    consumer(js, names.stream, names.consumer)
+    publish_and_wait(js, names, messages)
+    table = tmp_path / "table"
+    config = config_for(names, nats_server.url, table,
+                        f"streaming.checkpoint={tmp_path / 'checkpoint'}",
+                        "streaming.max_messages_per_batch=120",
+                        "streaming.commit_consumer=true")
+
+    report = run_stream(spark, config)
+
+    assert (report.messages_written, report.dead_letters) == (len(good), len(bad))
+    assert [(b["first_seq"], b["last_seq"]) for b in report.batches] == [
+        (1, 120), (121, 240), (241, 300)]
+    assert report.batches_already_written == 0 and len(report.delta_versions) == 3
+    assert seqs(table) == good and seqs(Path(f"{table}_dead_letters")) == bad
+    rows = DeltaTable(str(table)).to_pyarrow_table(columns=["seq", "id"]).to_pylist()
+    assert all(r["id"] == r["seq"] - 1 for r in rows)  # decoded as the drain decodes
+    info = js.consumer_info(names.stream, names.consumer)
+    assert (info.num_pending, info.delivered.stream_seq) == (0, 300)  # follows the commits
+
+    more, _, _ = events(names, 10)
+    publish_and_wait(js, names, more)
+    again = run_stream(spark, config)
+    assert (again.messages_written, [b["first_seq"] for b in again.batches]) == (10, [301])
+    assert seqs(table) == [*good, *range(301, 311)]
+    assert run_stream(spark, config).batches == []  # nothing new: nothing written
+
+    publish_and_wait(js, names, more)
+    purge_stream(js, names.stream, keep=5)  # seqs 311..315 gone before a run read them
+    with pytest.raises(PurgedRangeError, match="no longer holds seqs 311..315") as raised:
+        run_stream(spark, config)
+    assert raised.value.exit_code == 2
+
+
+def test_a_stream_run_without_a_checkpoint_or_stream_fails_in_seconds_in_one_line(
+        names, nats_server, tmp_path):
+    table = tmp_path / "table"
+    cases = [
+        ((), "streaming.checkpoint is required"),
+        ((f"streaming.checkpoint={tmp_path / 'cp'}",), f"stream {names.stream!r} not found"),
+    ]
+    for extra, text in cases:
+        proc = drain_process(names, nats_server.url, table, None, uuid.uuid4().hex, *extra,
+                             command="stream")
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == ConfigError.exit_code, err[-800:]
+        lines = [line for line in err.splitlines() if line.startswith("js-etl:")]
+        assert len(lines) == 1 and text in lines[0], err[-800:]
+        assert "log4j" not in err  # refused before Spark started
+
+
+def _committed(checkpoint: Path) -> int:
+    """How many batches the query has committed (Spark's commit log: one file per batch)."""
+    commits = checkpoint / "commits"
+    return len([p for p in commits.iterdir() if p.name.isdigit()]) if commits.exists() else 0
+
+
+def test_stream_runs_killed_at_random_points_write_every_message_once(
+        js, names, nats_server, tmp_path):
+    rng = random.Random(int(os.environ.get("JS_ETL_STREAM_SEED", "20261129")))
+    kills = int(os.environ.get("JS_ETL_STREAM_KILLS", "3"))
+    add_stream(js, names)
+    consumer(js, names.stream, names.consumer)
+    table, checkpoint = tmp_path / "table", tmp_path / "checkpoint"
+    settings = (f"streaming.checkpoint={checkpoint}", "streaming.max_messages_per_batch=80",
+                "streaming.commit_consumer=true")
+    good: list[int] = []
+    bad: list[int] = []
+    log: list[str] = []
+
+    def publish(n: int) -> None:
+        base = js.stream_info(names.stream).state.last_seq
+        messages, g, b = events(names, n, poison_every=13)
+        publish_and_wait(js, names, messages)
+        good.extend(base + s for s in g)
+        bad.extend(base + s for s in b)
+
+    def run(point: str | None, batch: int) -> int:
+        marker = uuid.uuid4().hex
+        fault = point if point and point != "offsets_logged" else None
+        proc = drain_process(names, nats_server.url, table, fault, marker, *settings,
+                             command="stream", env_extra={"JS_ETL_FAULT_BATCH": str(batch)})
+        if point == "offsets_logged":  # Spark logged the batch's offsets: kill it there
+            offsets = checkpoint / "offsets" / str(batch)
+            while proc.poll() is None and not offsets.exists():
+                time.sleep(0.05)
+            if proc.poll() is None:
+                proc.kill()
+        _, err = proc.communicate(timeout=300)
+        assert_no_process_left(marker)
+        assert proc.returncode in (0, -9), f"{log}: {proc.returncode}: {err[-1500:]}"
+        return proc.returncode
+
+    publish(240)
+    for _ in range(kills):
+        point, batch = rng.choice(KILL_POINTS), _committed(checkpoint) + rng.randint(0, 2)
+        code = run(point, batch)
+        log.append(f"{point}@batch{batch}: {'killed' if code == -9 else 'ran to its end'}")
+        if rng.random() < 0.5:
+            publish(rng.randint(1, 120))  # the next run's AvailableNow target moves
+    assert run(None, -1) == 0, log
+
+    assert seqs(table) == sorted(good), log  # every good message once
+    assert seqs(Path(f"{table}_dead_letters")) == sorted(bad), log
+    info = js.consumer_info(names.stream, names.consumer)
+    assert info.num_pending == 0, log  # the consumer followed to the end
+    assert any(entry.endswith("killed") for entry in log), log  # else it tested no kill
