@@ -159,11 +159,15 @@ def test_the_pyspark_pages_connect_example_runs_as_a_client(orders, spark_connec
     assert ran.stdout.split() == [str(MESSAGES), str(MESSAGES - 1)]  # one order is not JSON
 
 
-def test_the_streaming_examples_run_as_written(orders, spark, nats_cli, capsys, tmp_path):
+def test_the_streaming_examples_run_as_written(orders, spark, nats_cli, capsys, tmp_path,
+                                               monkeypatch):
     """The README's Structured Streaming example and docs/streaming.md's — the notebook query,
-    then the packaged job: its `nats consumer add`, its config and its command — with the
-    tables and checkpoints in the test's directory; each reads the whole stream once."""
+    then the packaged job: its `nats consumer add`, its config and its command (the CLI's own
+    entry point, in this process: its session is the suite's) — with the tables and checkpoints
+    in the test's directory; each reads the whole stream once."""
     from deltalake import DeltaTable
+
+    from js_etl.cli import main
 
     def here(text: str) -> str:
         return (text.replace("nats://127.0.0.1:4222", orders.url)
@@ -183,9 +187,11 @@ def test_the_streaming_examples_run_as_written(orders, spark, nats_cli, capsys, 
     (stream,) = blocks(page, "bash")
     run_nats_cli(add, orders.url, nats_cli, tmp_path)
     (tmp_path / "orders_stream.yaml").write_text(here(yaml))
-    result = run(stream.strip(), tmp_path, {})
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    monkeypatch.chdir(tmp_path)
+    words = shlex.split(stream.strip())
+    assert words[:2] == ["js-etl", "stream"]
+    assert main(words[1:]) == 0, capsys.readouterr().err[-3000:]
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert (report["messages_written"], report["dead_letters"]) == (MESSAGES - 1, 1)
     assert [b["last_seq"] for b in report["batches"]] == [50, 100, MESSAGES]
     table = tmp_path / "data" / "lake" / "orders_stream"

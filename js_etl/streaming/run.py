@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -32,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from js_etl import faults
 from js_etl.decode.spark import with_partition_columns
 from js_etl.delta.table import CommitTag, DeltaTarget, job_tables, refuse_lossy_commits
+from js_etl.errors import JsEtlError, RunRefusedError
 from js_etl.report import RunReport, StopReason
 from js_etl.schema import DEAD_LETTER_COLUMNS
 from js_etl.source import register
@@ -77,16 +80,13 @@ def run_stream(spark: SparkSession, config: JobConfig, *, run_id: str | None = N
         writer="stream")
     options = job_options(config)
     batches = BatchWriter(config, target, dead_letters, report)
-    with report.phase("query"):
+    with report.phase("query"), _one_line(checkpoint):
         df = spark.readStream.format(NAME).options(**options).load()
         query = (df.writeStream.foreachBatch(batches)
                  .option("checkpointLocation", checkpoint)
                  .trigger(availableNow=True).start())
         batches.started(str(query.id))
-        try:
-            query.awaitTermination()
-        except Exception as e:
-            raise load_error(e) or e from None
+        query.awaitTermination()
     report.query_id = str(query.id)
     progress = query.lastProgress
     if progress is not None and progress["sources"]:
@@ -101,6 +101,32 @@ def run_stream(spark: SparkSession, config: JobConfig, *, run_id: str | None = N
     report.rounds = len(report.batches)
     report.seconds = report.phase_seconds.get("query", 0.0)
     return report
+
+
+
+
+@contextmanager
+def _one_line(checkpoint: str) -> Iterator[None]:
+    """The query's failure as js-etl's error: the source's own, or another run at work on the
+    checkpoint (exit 73, as for a drain whose consumer another run holds)."""
+    try:
+        yield
+    except JsEtlError:
+        raise
+    except Exception as e:
+        error = load_error(e)
+        if error is not None:
+            raise error from None
+        # Spark's words when two queries write one checkpoint (spark 4.2): the second to log a
+        # batch's offsets or commit, or to create the checkpoint, finds the file there.
+        text = str(e)
+        if "CONCURRENT_STREAM_LOG_UPDATE" in text or (
+                "FileAlreadyExistsException" in text and checkpoint.rstrip("/") in text):
+            raise RunRefusedError(
+                f"another run of this stream job is writing its checkpoint {checkpoint}: this "
+                "run stopped (no batch is written twice); the next run continues from the "
+                "checkpoint") from None
+        raise
 
 
 class BatchWriter:

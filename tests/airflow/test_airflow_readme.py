@@ -56,3 +56,21 @@ def test_the_readmes_dag_parses_into_one_drain_task():
     assert dag.dag_id == "orders_to_delta" and isinstance(task, JetStreamToDeltaOperator)
     assert (task.config_path, task.overrides, task.retries) == (
         "/opt/etl/conf/orders.yaml", {"run.max_seconds": "45m"}, 3)
+
+
+def test_the_streaming_pages_dag_parses_into_one_stream_task():
+    """docs/streaming.md's Airflow example, as written, in a DAG file the way the scheduler
+    parses it (tests/airflow/test_airflow_operator.py runs a stream task end to end)."""
+    from airflow_support import DAGS_FOLDER, load_dag
+
+    from js_etl.airflow import JetStreamToDeltaOperator
+
+    page = (REPO / "docs" / "streaming.md").read_text()
+    (dag_source,) = [b for b in re.findall(r"```python\n(.*?)```", page, flags=re.S)
+                     if "airflow" in b]
+    path = DAGS_FOLDER / "streaming_orders_stream.py"
+    path.write_text(dag_source)
+    dag = load_dag(path)
+    (task,) = dag.tasks
+    assert dag.dag_id == "orders_stream" and isinstance(task, JetStreamToDeltaOperator)
+    assert (task.job, task.config_path) == ("stream", "/opt/etl/conf/orders_stream.yaml")

@@ -3,7 +3,7 @@ a real nats-server, Spark and Delta; SIGKILLed at random points of its micro-bat
 again from its checkpoint, every message lands once (read back with ``deltalake``, a reader
 independent of Spark).
 
-``JS_ETL_STREAM_KILLS=N`` (default 3) sets how many kills the randomized test makes, and
+``JS_ETL_STREAM_KILLS=N`` (default 2) sets how many kills the randomized test makes, and
 ``JS_ETL_STREAM_SEED`` its seed (default fixed); each kill point drawn is printed on failure."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from deltalake import DeltaTable
 from drains import assert_no_process_left, config_for, drain_process, events
 from streams import add_stream, consumer, publish_and_wait, purge_stream
 
-from js_etl.errors import ConfigError, PurgedRangeError
+from js_etl.errors import ConfigError, PurgedRangeError, RunRefusedError
 from js_etl.streaming.run import run_stream
 
 pytestmark = [pytest.mark.slow, pytest.mark.classic_spark]  # Connect: not run over it yet
@@ -99,7 +99,7 @@ def _committed(checkpoint: Path) -> int:
 def test_stream_runs_killed_at_random_points_write_every_message_once(
         js, names, nats_server, tmp_path):
     rng = random.Random(int(os.environ.get("JS_ETL_STREAM_SEED", "20261129")))
-    kills = int(os.environ.get("JS_ETL_STREAM_KILLS", "3"))
+    kills = int(os.environ.get("JS_ETL_STREAM_KILLS", "2"))
     add_stream(js, names)
     consumer(js, names.stream, names.consumer)
     table, checkpoint = tmp_path / "table", tmp_path / "checkpoint"
@@ -132,13 +132,13 @@ def test_stream_runs_killed_at_random_points_write_every_message_once(
         assert proc.returncode in (0, -9), f"{log}: {proc.returncode}: {err[-1500:]}"
         return proc.returncode
 
-    publish(240)
+    publish(160)
     for _ in range(kills):
         point, batch = rng.choice(KILL_POINTS), _committed(checkpoint) + rng.randint(0, 2)
         code = run(point, batch)
         log.append(f"{point}@batch{batch}: {'killed' if code == -9 else 'ran to its end'}")
         if rng.random() < 0.5:
-            publish(rng.randint(1, 120))  # the next run's AvailableNow target moves
+            publish(rng.randint(1, 100))  # the next run's AvailableNow target moves
     assert run(None, -1) == 0, log
 
     assert seqs(table) == sorted(good), log  # every good message once
@@ -146,3 +146,34 @@ def test_stream_runs_killed_at_random_points_write_every_message_once(
     info = js.consumer_info(names.stream, names.consumer)
     assert info.num_pending == 0, log  # the consumer followed to the end
     assert any(entry.endswith("killed") for entry in log), log  # else it tested no kill
+
+
+def test_two_runs_of_one_stream_job_at_once_write_every_message_once(
+        js, names, nats_server, tmp_path):
+    """A second run started while the first runs (a scheduler retry, a manual run): the
+    checkpoint has one writer, so one of them stops, in one line; the table holds every message
+    once."""
+    messages, good, bad = events(names, 120, poison_every=31)
+    add_stream(js, names)
+    publish_and_wait(js, names, messages)
+    table = tmp_path / "table"
+    settings = (f"streaming.checkpoint={tmp_path / 'checkpoint'}",
+                "streaming.max_messages_per_batch=40")
+    marker = uuid.uuid4().hex
+    runs = [drain_process(names, nats_server.url, table, None, marker, *settings,
+                          command="stream") for _ in range(2)]
+    outcomes = [(proc.returncode, err) for proc in runs
+                for _, err in [proc.communicate(timeout=600)]]
+    assert_no_process_left(marker)
+    codes = sorted(code for code, _ in outcomes)
+    assert codes[0] == 0, outcomes
+    for code, err in outcomes:
+        if code != 0:  # the second writer of the checkpoint, stopped by Spark
+            assert code == RunRefusedError.exit_code, err[-2000:]
+            lines = [line for line in err.splitlines() if line.startswith("js-etl:")]
+            assert len(lines) == 1 and "another run of this stream job" in lines[0], err[-2000:]
+    again = drain_process(names, nats_server.url, table, None, marker, *settings,
+                          command="stream")
+    _, err = again.communicate(timeout=600)
+    assert again.returncode == 0, err[-2000:]
+    assert seqs(table) == good and seqs(Path(f"{table}_dead_letters")) == bad

@@ -102,7 +102,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "server the bench starts) (default all; a ratio needs both of its "
                              "legs), or also "
                              "nats_py_fetch (nats-py's own fetch loop, compared with the "
-                             "client limit; only when named)")
+                             "client limit) or js_etl_stream (js-etl stream: an AvailableNow "
+                             "query, compared with the drain), only when named")
     parser.add_argument("--repeat", type=int, default=1, metavar="K",
                         help="run the legs K times, alternating, and compare the fastest "
                              "verified run of each (filters out other load; default 1)")

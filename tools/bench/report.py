@@ -166,7 +166,7 @@ def format_results(result: dict[str, Any]) -> str:
         for name, leg in w["legs"].items():
             rss = leg.get("peak_rss_mib", {})
             cpu = leg.get("cpu_seconds", {})
-            ours = name in ("js_etl", "js_etl_connect")
+            ours = name in ("js_etl", "js_etl_connect", "js_etl_stream")
             check = "ok" if leg["verified"] else "FAILED: " + "; ".join(leg["problems"])
             lines.append(
                 f"{LEG_LABELS[name]:<13} {leg['processes']:>5} {leg['messages']:>10,} "
@@ -212,7 +212,12 @@ def format_results(result: dict[str, Any]) -> str:
             lines.append("js-etl over Spark Connect / js-etl on a classic session "
                          f"{connect['js_etl_connect_vs_js_etl'] or 'n/a'}; per CPU-second "
                          f"{connect['per_cpu_second'] or 'n/a'}")
-        for name in ("js_etl", "js_etl_connect"):
+        stream = w.get("stream_ratios")
+        if stream:  # only when the js_etl_stream leg ran
+            lines.append("js-etl stream (AvailableNow) / js-etl drain "
+                         f"{stream['js_etl_stream_vs_js_etl'] or 'n/a'}; per CPU-second "
+                         f"{stream['per_cpu_second'] or 'n/a'}")
+        for name in ("js_etl", "js_etl_connect", "js_etl_stream"):
             ours = w["legs"].get(name, {})
             if ours.get("phase_seconds"):
                 phases = ", ".join(f"{k} {v:.1f}" for k, v in ours["phase_seconds"].items())

@@ -262,6 +262,26 @@ class Bench:
         seconds = time.monotonic() - t0
         return self._drain_leg("js_etl", config, report.as_dict(), seconds, pub, n)
 
+    def js_etl_stream_leg(self, pub: dict[str, Any], n: int, run: str, table: str) -> Leg:
+        """``js-etl stream`` on the same data and session: an AvailableNow query from a fresh
+        checkpoint into its own table, moving a consumer of its own (so the consumer check
+        holds it to having committed every message); timed as the drain leg is."""
+        from js_etl.config import load_config
+        from js_etl.streaming.run import run_stream
+
+        stream, durable = pub["stream"], f"stream{run}"
+        overrides = [*self.overrides(stream, durable, table, pub["schema"]),
+                     f"streaming.checkpoint={self.s.workdir / f'checkpoint{run}'}",
+                     "streaming.commit_consumer=true"]
+        config = load_config(None, overrides, environ={})
+        self.add_consumer(stream, durable, -1)
+        assert self.spark is not None
+        self.sampler.reset(os.getpid())
+        t0 = time.monotonic()
+        report = run_stream(self.spark, config)
+        seconds = time.monotonic() - t0
+        return self._drain_leg("js_etl_stream", config, report.as_dict(), seconds, pub, n)
+
     def js_etl_connect_leg(self, pub: dict[str, Any], n: int, run: str, table: str) -> Leg:
         """js-etl's drain as a Spark Connect client of the bench's server, on the same data, in
         a process of its own (Connect mode is process-wide): timed by its run report (connect
@@ -474,6 +494,8 @@ class Bench:
                    "js_etl": lambda r: self.js_etl_leg(pub, n, tag(r), table("jsetl", r)),
                    "js_etl_connect": lambda r: self.js_etl_connect_leg(pub, n, tag(r),
                                                                        table("connect", r)),
+                   "js_etl_stream": lambda r: self.js_etl_stream_leg(pub, n, tag(r),
+                                                                     table("stream", r)),
                    "nats_py_fetch": lambda r: self.natspy_leg(pub, n, config, tag(r))}
         for run_no in range(1, self.s.repeat + 1):  # legs alternate: A B C A B C ...
             for name, runner in runners.items():
@@ -540,6 +562,10 @@ class Bench:
             result["connect_ratios"] = {
                 "js_etl_connect_vs_js_etl": ratio(rate["js_etl_connect"], rate.get("js_etl", 0.0)),
                 "per_cpu_second": ratio(per_cpu["js_etl_connect"], per_cpu.get("js_etl", 0.0))}
+        if "js_etl_stream" in summary:  # the AvailableNow query against the drain
+            result["stream_ratios"] = {
+                "js_etl_stream_vs_js_etl": ratio(rate["js_etl_stream"], rate.get("js_etl", 0.0)),
+                "per_cpu_second": ratio(per_cpu["js_etl_stream"], per_cpu.get("js_etl", 0.0))}
         if "nats_py_fetch" in summary:  # what js-etl's pull layer gains over nats-py's own
             result["pull_layer_ratios"] = {
                 "client_limit_vs_nats_py_fetch": ratio(rate.get("client_limit", 0.0),

@@ -41,8 +41,10 @@ SAMPLE_SECONDS = 0.2
 MiB = 1 << 20
 
 LEG_LABELS = {"client_limit": "client limit", "simple_peer": "simple peer", "js_etl": "js-etl",
-              "js_etl_connect": "js-etl Connect", "nats_py_fetch": "nats-py fetch"}
-# The legs a run has unless --legs says otherwise; nats_py_fetch is only run when asked for.
+              "js_etl_connect": "js-etl Connect", "js_etl_stream": "js-etl stream",
+              "nats_py_fetch": "nats-py fetch"}
+# The legs a run has unless --legs says otherwise; nats_py_fetch and js_etl_stream are only run
+# when asked for.
 DEFAULT_LEGS = ("client_limit", "simple_peer", "js_etl", "js_etl_connect")
 
 
