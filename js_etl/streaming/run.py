@@ -23,6 +23,7 @@ other (their positions are a durable consumer and a checkpoint).
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from collections.abc import Iterator
@@ -59,7 +60,7 @@ class StreamReport(RunReport):
     # per batch: its id, first and last seq, and the rows and dead letters this run appended
     batches: list[dict[str, Any]] = field(default_factory=list)
     batches_already_written: int = 0  # batches a killed run had written: not written again
-    skipped: int = 0  # sequences gone from the stream before the query read them
+    skipped: int = 0  # sequences gone before the query read them, over the query's life
 
 
 def run_stream(spark: SparkSession, config: JobConfig, *, run_id: str | None = None
@@ -101,8 +102,6 @@ def run_stream(spark: SparkSession, config: JobConfig, *, run_id: str | None = N
     report.rounds = len(report.batches)
     report.seconds = report.phase_seconds.get("query", 0.0)
     return report
-
-
 
 
 @contextmanager
@@ -209,8 +208,6 @@ class BatchWriter:
 
 
 def _offset(value: Any) -> dict[str, Any] | None:
-    import json
-
     if value is None:
         return None
     return json.loads(value) if isinstance(value, str) else dict(value)

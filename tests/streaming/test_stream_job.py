@@ -8,6 +8,7 @@ independent of Spark).
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import time
@@ -24,6 +25,7 @@ from js_etl.streaming.run import run_stream
 
 pytestmark = [pytest.mark.slow, pytest.mark.classic_spark]  # Connect: not run over it yet
 
+BATCH = 80  # sequences a batch of the randomized kill test
 KILL_POINTS = ("kill_before_batch_write", "kill_between_tables", "kill_after_batch_write",
                "offsets_logged")  # the last: Spark logged the batch's offsets (test kills)
 
@@ -90,10 +92,15 @@ def test_a_stream_run_without_a_checkpoint_or_stream_fails_in_seconds_in_one_lin
         assert "log4j" not in err  # refused before Spark started
 
 
-def _committed(checkpoint: Path) -> int:
-    """How many batches the query has committed (Spark's commit log: one file per batch)."""
+def _committed(checkpoint: Path) -> tuple[int, int]:
+    """How many batches the query has committed (Spark's commit log: one file per batch), and
+    the first sequence after them (the last line of the last one's offset log entry)."""
     commits = checkpoint / "commits"
-    return len([p for p in commits.iterdir() if p.name.isdigit()]) if commits.exists() else 0
+    done = len([p for p in commits.iterdir() if p.name.isdigit()]) if commits.exists() else 0
+    if done == 0:
+        return 0, 1
+    entry = (checkpoint / "offsets" / str(done - 1)).read_text().strip().splitlines()[-1]
+    return done, int(json.loads(entry)["seq"])
 
 
 def test_stream_runs_killed_at_random_points_write_every_message_once(
@@ -103,7 +110,8 @@ def test_stream_runs_killed_at_random_points_write_every_message_once(
     add_stream(js, names)
     consumer(js, names.stream, names.consumer)
     table, checkpoint = tmp_path / "table", tmp_path / "checkpoint"
-    settings = (f"streaming.checkpoint={checkpoint}", "streaming.max_messages_per_batch=80",
+    settings = (f"streaming.checkpoint={checkpoint}",
+                f"streaming.max_messages_per_batch={BATCH}",
                 "streaming.commit_consumer=true")
     good: list[int] = []
     bad: list[int] = []
@@ -134,11 +142,16 @@ def test_stream_runs_killed_at_random_points_write_every_message_once(
 
     publish(160)
     for _ in range(kills):
-        point, batch = rng.choice(KILL_POINTS), _committed(checkpoint) + rng.randint(0, 2)
+        done, next_seq = _committed(checkpoint)
+        unread = js.stream_info(names.stream).state.last_seq - next_seq + 1
+        if unread <= 0 or rng.random() < 0.3:  # the next run's AvailableNow target moves
+            publish(rng.randint(1, 200))
+            unread = js.stream_info(names.stream).state.last_seq - next_seq + 1
+        # One of the batches this run will make (80 sequences each), at one of its points.
+        point = rng.choice(KILL_POINTS)
+        batch = done + rng.randint(0, (unread - 1) // BATCH)
         code = run(point, batch)
         log.append(f"{point}@batch{batch}: {'killed' if code == -9 else 'ran to its end'}")
-        if rng.random() < 0.5:
-            publish(rng.randint(1, 100))  # the next run's AvailableNow target moves
     assert run(None, -1) == 0, log
 
     assert seqs(table) == sorted(good), log  # every good message once
@@ -146,6 +159,7 @@ def test_stream_runs_killed_at_random_points_write_every_message_once(
     info = js.consumer_info(names.stream, names.consumer)
     assert info.num_pending == 0, log  # the consumer followed to the end
     assert any(entry.endswith("killed") for entry in log), log  # else it tested no kill
+    print(f"kill points ({sum(e.endswith('killed') for e in log)} of {len(log)} landed):", log)
 
 
 def test_two_runs_of_one_stream_job_at_once_write_every_message_once(
