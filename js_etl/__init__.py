@@ -4,7 +4,9 @@ The public API; importing it imports neither pyspark nor Airflow (each name load
 
 * :func:`run_drain` — drain a durable consumer into the job's tables;
 * :func:`run_backfill` and :class:`RangeRequest` — re-read a stream's range into them;
-* :func:`register` — ``spark.read.format("nats_jetstream")`` in a SparkSession;
+* :func:`run_stream` — the job's Structured Streaming query (Trigger.AvailableNow) into them;
+* :func:`register` — ``spark.read.format("nats_jetstream")`` (and ``spark.readStream``'s) in a
+  SparkSession;
 * :func:`load_config`, :class:`JobConfig` — a job's settings; :class:`RunReport` — what a run did.
 """
 
@@ -20,11 +22,13 @@ if TYPE_CHECKING:
     from js_etl.report import RunReport
     from js_etl.source import register
     from js_etl.source.read_range import RangeRequest
+    from js_etl.streaming.run import run_stream
 
 __all__ = ["JobConfig", "RangeRequest", "RunReport", "load_config", "register", "run_backfill",
-           "run_drain"]
+           "run_drain", "run_stream"]
 
 _HOMES = {"run_drain": "js_etl.drain.run", "run_backfill": "js_etl.backfill.run",
+          "run_stream": "js_etl.streaming.run",
           "RangeRequest": "js_etl.source.read_range", "register": "js_etl.source",
           "load_config": "js_etl.config", "JobConfig": "js_etl.config",
           "RunReport": "js_etl.report"}

@@ -173,7 +173,7 @@ def test_the_streaming_examples_run_as_written(orders, spark, nats_cli, capsys, 
         return (text.replace("nats://127.0.0.1:4222", orders.url)
                 .replace("/tmp/", f"{tmp_path}/tmp/").replace("/data/", f"{tmp_path}/data/"))
 
-    (snippet,) = blocks(section("Structured Streaming"), "python")
+    snippet = blocks(section("Structured Streaming"), "python")[0]  # then the Airflow DAG
     exec(here(snippet), {"spark": spark})
     raw = DeltaTable(str(tmp_path / "tmp" / "lake" / "orders_raw")).to_pyarrow_table()
     assert raw.num_rows == MESSAGES

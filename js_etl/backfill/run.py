@@ -92,6 +92,7 @@ from js_etl.source.read_range import (
     RangeFetchPlan,
     RangeRequest,
     fetch_range_partition,
+    refuse_work_queue,
     resolve_sequences,
     split_range,
 )
@@ -131,7 +132,9 @@ def resolve_range(js: JetStreamSession, config: JobConfig, request: RangeRequest
     """Turn the request into ``[lo, hi]``, with one clear error per impossible range."""
     source = config.source
     name = source.stream
-    found = resolve_sequences(js, source_stream_info(js, name), request)
+    stream_info = source_stream_info(js, name)
+    refuse_work_queue(stream_info, "backfill")
+    found = resolve_sequences(js, stream_info, request)
     lo, hi, resolved, stream = found.lo, found.hi, found.resolved, found.stream
     notes = list(found.notes)
 

@@ -369,6 +369,7 @@ class StreamingConfig(_Section):
     start: Literal["earliest", "latest"] = setting("earliest", choice("earliest", "latest"))
     from_seq: int | None = setting(None, count())  # instead of start: a stream sequence
     max_messages_per_batch: int | None = setting(None, count())
+    max_bytes_per_batch: int | None = setting(None, byte_size())
     fail_on_data_loss: bool = setting(True, BOOL)
     commit_consumer: bool = setting(False, BOOL)  # move source.consumer to what is committed
 

@@ -80,6 +80,7 @@ class StreamInfo:
     storage: str | None = None
     num_replicas: int = 1
     max_age: float = 0.0  # seconds; 0: messages never age out
+    retention: str = "limits"  # or "interest", "workqueue"
 
     @classmethod
     def from_response(cls, d: dict[str, Any]) -> Self:
@@ -88,7 +89,8 @@ class StreamInfo:
                    state=StreamState.from_response(d.get("state", {})),
                    created=parse_time(d.get("created")), storage=cfg.get("storage"),
                    num_replicas=cfg.get("num_replicas") or 1,
-                   max_age=(cfg.get("max_age") or 0) / 1e9)
+                   max_age=(cfg.get("max_age") or 0) / 1e9,
+                   retention=cfg.get("retention") or "limits")
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,6 +61,7 @@ from js_etl.source.read_range import (
     RangeFetchPlan,
     Spelling,
     read_range,
+    refuse_work_queue,
     resolve_sequences,
     split_range,
 )
@@ -97,7 +98,8 @@ SPELLING = Spelling(what="read", cli=False)
 RangeFailure = RangeError | PurgedRangeError  # a range no batch read can take
 
 def register(spark: SparkSession) -> None:
-    """Make ``spark.read.format("nats_jetstream")`` available in this SparkSession.
+    """Make ``spark.read.format("nats_jetstream")`` and ``spark.readStream``'s available in this
+    SparkSession.
 
     Also turns on ``spark.sql.python.filterPushdown.enabled`` for the session (off by default in
     Spark 4.2; a Python source that implements pushdown is refused while it is off). It affects
@@ -164,7 +166,8 @@ class NatsJetStreamSource(DataSource):
         # connection and the stream are checked here, so those errors come when the DataFrame
         # is created. A batch read's range is resolved here too and pickled with this source
         # for every later action; what makes it impossible (an empty stream, a start past the
-        # end) is where a stream starts to wait, so it is raised when a batch read is planned.
+        # end or purged) is where a stream starts (or fails), so it is raised when a batch read
+        # is planned.
         parsed = SourceOptions.parse(self.options)
         self._plan: ReadPlan | RangeFailure = plan_read(parsed)
         return schema_ddl(parsed.decode)
@@ -211,6 +214,7 @@ def plan_read(parsed: SourceOptions) -> ReadPlan | RangeFailure:
     options.check_files()
     with JetStreamSession(options) as js:
         stream = source_stream_info(js, parsed.stream, "the option stream")
+        refuse_work_queue(stream, "read")
         try:
             found = resolve_sequences(js, stream, parsed.request, SPELLING)
         except (RangeError, PurgedRangeError) as e:

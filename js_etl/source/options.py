@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from js_etl.config.model import DecodeConfig, FetchConfig, JobConfig, NatsConfig, TlsConfig
+from js_etl.config.values import byte_size, coerce
 from js_etl.errors import ConfigError, RangeError
 from js_etl.instant import format_instant, parse_instant
 from js_etl.source.read_range import RangeRequest
@@ -33,7 +34,8 @@ _FETCH = {"partitions": "partitions", "batch": "batch", "max_bytes": "max_bytes"
 _DECODE = {"decode": "format", "schema": "schema", "keep_raw": "keep_raw"}
 _RANGE = ("from_seq", "to_seq", "from_time", "to_time")
 # spark.readStream only (a batch read refuses them when it is planned)
-STREAMING = ("start", "max_messages_per_batch", "fail_on_data_loss", "commit_consumer")
+STREAMING = ("start", "max_messages_per_batch", "max_bytes_per_batch", "fail_on_data_loss",
+             "commit_consumer")
 OPTIONS = (*_CONNECTION, *_TLS, "stream", "filter_subjects", *_RANGE, *_FETCH, *_DECODE,
            *STREAMING)
 # Options are shown in query plans, the Spark UI and logs: a secret given as an option leaks.
@@ -59,6 +61,7 @@ class StreamingOptions:
 
     start: Literal["earliest", "latest"] = "earliest"  # without from_seq/from_time
     max_messages_per_batch: int | None = None  # sequences per micro-batch (admission control)
+    max_bytes_per_batch: int | None = None  # ... by the stream's average stored message size
     fail_on_data_loss: bool = True  # messages gone before the query read them: fail, or skip
     commit_consumer: str | None = None  # a durable consumer moved to what the sink committed
     given: tuple[str, ...] = ()  # which of these options were set
@@ -161,6 +164,8 @@ def _streaming(given: Mapping[str, str], request: RangeRequest) -> StreamingOpti
     if limit is not None and (not limit.strip().isdigit() or int(limit) < 1):
         raise ConfigError(f"option max_messages_per_batch must be a count (1 or more), "
                           f"got {limit!r}")
+    size = given.get("max_bytes_per_batch")
+    max_bytes = None if size is None else coerce("option max_bytes_per_batch", size, byte_size())
     fail = given.get("fail_on_data_loss", "true").strip().lower()
     if fail not in ("true", "false"):
         raise ConfigError(f"option fail_on_data_loss must be true or false, got {fail!r}")
@@ -169,7 +174,7 @@ def _streaming(given: Mapping[str, str], request: RangeRequest) -> StreamingOpti
         raise ConfigError(f"option commit_consumer must be a consumer name (no '.', '*', '>' "
                           f"or spaces), got {consumer!r}")
     return StreamingOptions("latest" if start == "latest" else "earliest",
-                            None if limit is None else int(limit), fail == "true",
+                            None if limit is None else int(limit), max_bytes, fail == "true",
                             consumer, tuple(k for k in STREAMING if k in given))
 
 
@@ -194,8 +199,9 @@ def job_options(config: JobConfig) -> dict[str, str]:
         options["from_seq"] = str(streaming.from_seq)
     else:
         options["start"] = streaming.start
-    if streaming.max_messages_per_batch is not None:
-        options["max_messages_per_batch"] = str(streaming.max_messages_per_batch)
+    for key in ("max_messages_per_batch", "max_bytes_per_batch"):
+        if getattr(streaming, key) is not None:
+            options[key] = str(getattr(streaming, key))
     options["fail_on_data_loss"] = text(streaming.fail_on_data_loss)
     if streaming.commit_consumer:
         options["commit_consumer"] = config.source.consumer

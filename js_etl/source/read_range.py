@@ -26,7 +26,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from js_etl.errors import PurgedRangeError, RangeError
+from js_etl.errors import ConfigError, PurgedRangeError, RangeError
 from js_etl.instant import format_instant, parse_instant
 from js_etl.jetstream import (
     AckPolicy,
@@ -170,6 +170,15 @@ def resolve_sequences(js: JetStreamSession, stream: StreamInfo, request: RangeRe
                      f"the {spelling.what} started")
         hi = last
     return SequenceRange(lo, hi, resolved, tuple(notes), stream)
+
+
+def refuse_work_queue(stream: StreamInfo, what: str) -> None:
+    """A WorkQueue stream's messages are its consumer's to take, and the server refuses the
+    ack-none consumers a read by position needs: say so before anything starts."""
+    if stream.retention == "workqueue":
+        raise ConfigError(f"stream {stream.name} is a WorkQueue stream: it cannot be read by "
+                          f"position (the server refuses the ack-none consumers a {what} "
+                          "uses); drain it with its durable consumer (js-etl drain)")
 
 
 def split_range(lo: int, hi: int, parts: int) -> list[tuple[int, int]]:

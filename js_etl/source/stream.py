@@ -29,6 +29,7 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
+    ReadMaxBytes,
     ReadMaxRows,
     SupportsTriggerAvailableNow,
 )
@@ -83,17 +84,21 @@ class NatsJetStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
         return self._offset(seq)
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        limit = self.parsed.streaming.max_messages_per_batch
-        return ReadAllAvailable() if limit is None else ReadMaxRows(limit)
+        streaming = self.parsed.streaming
+        if streaming.max_messages_per_batch is not None:
+            return ReadMaxRows(streaming.max_messages_per_batch)
+        if streaming.max_bytes_per_batch is not None:
+            return ReadMaxBytes(streaming.max_bytes_per_batch)
+        return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
         self.target = self._stream().state.last_seq + 1
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        """The next batch's end: what the stream holds now (or the AvailableNow target), at
-        most ``limit`` sequences past ``start``. Messages gone before ``start`` (retention, a
-        purge) fail the query, or with ``fail_on_data_loss=false`` are skipped and counted
-        in the offset's ``skipped``."""
+        """The next batch's end: what the stream holds now (or the AvailableNow target), within
+        the options' per-batch limits unless the engine asks for everything available.
+        Messages gone before ``start`` (retention, a purge) fail the query, or with
+        ``fail_on_data_loss=false`` are skipped and counted in the offset's ``skipped``."""
         seq = self._seq(start)
         info = self._stream()
         first = _first(info)
@@ -108,8 +113,15 @@ class NatsJetStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
         end = info.state.last_seq + 1
         if self.target is not None:
             end = min(end, self.target)
-        if isinstance(limit, ReadMaxRows):
-            end = min(end, seq + limit.max_rows)
+        if not isinstance(limit, ReadAllAvailable):  # the engine may lift the options' limits
+            streaming = self.parsed.streaming
+            if streaming.max_messages_per_batch is not None:
+                end = min(end, seq + streaming.max_messages_per_batch)
+            if streaming.max_bytes_per_batch is not None and info.state.messages:
+                # By the stream's average stored message size: sizes are not known per
+                # sequence without reading them. At least one message a batch.
+                average = max(1, info.state.bytes // info.state.messages)
+                end = min(end, seq + max(1, streaming.max_bytes_per_batch // average))
         return self._offset(max(seq, end), skipped)
 
     def reportLatestOffset(self) -> dict[str, Any]:

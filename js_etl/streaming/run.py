@@ -57,7 +57,9 @@ class StreamReport(RunReport):
 
     checkpoint: str = ""
     query_id: str = ""
-    # per batch: its id, first and last seq, and the rows and dead letters this run appended
+    # per batch: its id, offsets [from, to) in sequences (from is null for a new query's first
+    # batch: Spark reports none), first and last seq, and the rows and dead letters this run
+    # appended
     batches: list[dict[str, Any]] = field(default_factory=list)
     batches_already_written: int = 0  # batches a killed run had written: not written again
     skipped: int = 0  # sequences gone before the query read them, over the query's life
@@ -65,7 +67,13 @@ class StreamReport(RunReport):
 
 def run_stream(spark: SparkSession, config: JobConfig, *, run_id: str | None = None
                ) -> StreamReport:
-    """Run the job's AvailableNow query to its end; the report of what it wrote."""
+    """Run the job's ``Trigger.AvailableNow`` query to its end — what the stream held when it
+    started, from where the checkpoint ``streaming.checkpoint`` left off — and report what it
+    wrote (the module docstring says how each batch is written once).
+
+    >>> report = run_stream(spark, load_config("orders_stream.yaml"))
+    >>> [batch["offsets"] for batch in report.batches], report.messages_written
+    """
     checkpoint = checkpoint_of(config)
     register(spark)
     configure_s3a(spark)
@@ -89,6 +97,7 @@ def run_stream(spark: SparkSession, config: JobConfig, *, run_id: str | None = N
         batches.started(str(query.id))
         query.awaitTermination()
     report.query_id = str(query.id)
+    _add_offsets(report.batches, query.recentProgress)
     progress = query.lastProgress
     if progress is not None and progress["sources"]:
         end = _offset(progress["sources"][0]["endOffset"])
@@ -205,6 +214,16 @@ class BatchWriter:
             return None
         return table.append(spark, df, tag, partition_by=partition_by,
                             merge_schema=merge_schema)
+
+
+def _add_offsets(batches: list[dict[str, Any]], progress: list[Any]) -> None:
+    """Each batch's offsets as the query's progress gives them: ``[from, to)`` in sequences."""
+    sources = {p["batchId"]: p["sources"][0] for p in progress if p["sources"]}
+    for batch in batches:
+        source = sources.get(batch["batch"])
+        if source is not None:
+            start, end = _offset(source["startOffset"]), _offset(source["endOffset"])
+            batch["offsets"] = [start["seq"] if start else None, end["seq"] if end else None]
 
 
 def _offset(value: Any) -> dict[str, Any] | None:

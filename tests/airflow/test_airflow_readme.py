@@ -58,19 +58,23 @@ def test_the_readmes_dag_parses_into_one_drain_task():
         "/opt/etl/conf/orders.yaml", {"run.max_seconds": "45m"}, 3)
 
 
-def test_the_streaming_pages_dag_parses_into_one_stream_task():
-    """docs/streaming.md's Airflow example, as written, in a DAG file the way the scheduler
-    parses it (tests/airflow/test_airflow_operator.py runs a stream task end to end)."""
+def test_the_streaming_dags_parse_into_one_stream_task():
+    """The Airflow example of the README's Structured Streaming section and of
+    docs/streaming.md, as written, in a DAG file the way the scheduler parses it
+    (tests/airflow/test_airflow_operator.py runs a stream task end to end)."""
     from airflow_support import DAGS_FOLDER, load_dag
 
     from js_etl.airflow import JetStreamToDeltaOperator
 
-    page = (REPO / "docs" / "streaming.md").read_text()
-    (dag_source,) = [b for b in re.findall(r"```python\n(.*?)```", page, flags=re.S)
-                     if "airflow" in b]
-    path = DAGS_FOLDER / "streaming_orders_stream.py"
-    path.write_text(dag_source)
-    dag = load_dag(path)
-    (task,) = dag.tasks
-    assert dag.dag_id == "orders_stream" and isinstance(task, JetStreamToDeltaOperator)
-    assert (task.job, task.config_path) == ("stream", "/opt/etl/conf/orders_stream.yaml")
+    readme = (REPO / "README.md").read_text()
+    pages = {"readme": readme.split("\n## Structured Streaming\n", 1)[1].split("\n## ", 1)[0],
+             "docs": (REPO / "docs" / "streaming.md").read_text()}
+    for name, page in pages.items():
+        (dag_source,) = [b for b in re.findall(r"```python\n(.*?)```", page, flags=re.S)
+                         if "airflow" in b]
+        path = DAGS_FOLDER / f"streaming_{name}_orders_stream.py"
+        path.write_text(dag_source)
+        dag = load_dag(path)
+        (task,) = dag.tasks
+        assert dag.dag_id == "orders_stream" and isinstance(task, JetStreamToDeltaOperator)
+        assert (task.job, task.config_path) == ("stream", "/opt/etl/conf/orders_stream.yaml")

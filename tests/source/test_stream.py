@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes
 from streams import add_stream, consumer, publish_and_wait, purge_stream, wait_until
 
 from js_etl.errors import ConfigError, PurgedRangeError
@@ -158,6 +159,22 @@ def test_a_batch_whose_messages_go_before_its_tasks_read_them_fails_there_unless
         lenient.stop()
 
 
+def test_max_bytes_per_batch_cuts_by_the_streams_average_message_size(js, names, nats_server):
+    add_stream(js, names)
+    publish_and_wait(js, names, [(f"{names.prefix}.e", b"x" * 1000)] * 100)
+    state = js.stream_info(names.stream).state
+    per_batch = 20 * 1024 // (state.bytes // state.messages)
+    reader = direct_reader(nats_server.url, names.stream, max_bytes_per_batch="20KiB")
+    try:
+        start = reader.initialOffset()
+        limit = reader.getDefaultReadLimit()
+        assert isinstance(limit, ReadMaxBytes) and limit.max_bytes == 20 * 1024
+        assert reader.latestOffset(start, limit)["seq"] == 1 + per_batch < 101
+        assert reader.latestOffset(start, ReadAllAvailable())["seq"] == 101  # lifted by Spark
+    finally:
+        reader.stop()
+
+
 def test_start_positions(js, names, nats_server):
     add_stream(js, names)
     publish_and_wait(js, names, numbered(names, 1, 11))
@@ -257,3 +274,27 @@ def test_a_query_with_the_default_trigger_reads_messages_as_they_come(
     finally:
         query.stop()
     assert seqs == list(range(1, 16)) and query.exception() is None
+
+
+def test_an_interest_stream_trims_behind_the_consumer_and_a_work_queue_one_is_refused(
+        js, names, nats_server):
+    """commit_consumer on an Interest stream: what the query committed is removed once no other
+    consumer needs it. A WorkQueue stream refuses the ack-none consumers a read by position
+    uses: refused when the DataFrame is made, in one line."""
+    from js_etl.source.datasource import plan_read
+
+    js.run(js.admin.add_stream(names.stream, [names.subject], retention="interest"))
+    consumer(js, names.stream, names.consumer, ack_policy="explicit")
+    publish_and_wait(js, names, numbered(names, 1, 11))
+    reader = direct_reader(nats_server.url, names.stream, commit_consumer=names.consumer)
+    try:
+        reader.commit({"stream": names.stream, "seq": 8})
+    finally:
+        reader.stop()
+    state = js.stream_info(names.stream).state
+    assert (state.first_seq, state.messages) == (8, 3)
+
+    queue = f"{names.stream}_WQ"
+    js.run(js.admin.add_stream(queue, [f"{names.prefix}wq.>"], retention="workqueue"))
+    with pytest.raises(ConfigError, match=f"stream {queue} is a WorkQueue stream"):
+        plan_read(SourceOptions.parse({"servers": nats_server.url, "stream": queue}))

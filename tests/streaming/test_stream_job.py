@@ -3,8 +3,9 @@ a real nats-server, Spark and Delta; SIGKILLed at random points of its micro-bat
 again from its checkpoint, every message lands once (read back with ``deltalake``, a reader
 independent of Spark).
 
-``JS_ETL_STREAM_KILLS=N`` (default 2) sets how many kills the randomized test makes, and
-``JS_ETL_STREAM_SEED`` its seed (default fixed); each kill point drawn is printed on failure."""
+``JS_ETL_STREAM_KILLS=N`` sets how many kills the randomized test makes (default 1, ``make
+test``'s share; docs/design/streaming.md gives a run of 30), and ``JS_ETL_STREAM_SEED`` its
+seed (default fixed); the kill points drawn are printed."""
 
 from __future__ import annotations
 
@@ -54,6 +55,8 @@ def test_a_stream_run_writes_rows_and_dead_letters_and_the_next_run_resumes(
     assert (report.messages_written, report.dead_letters) == (len(good), len(bad))
     assert [(b["first_seq"], b["last_seq"]) for b in report.batches] == [
         (1, 120), (121, 240), (241, 300)]
+    # [from, to) in sequences; Spark gives no start for a new query's first batch
+    assert [b["offsets"] for b in report.batches] == [[None, 121], [121, 241], [241, 301]]
     assert report.batches_already_written == 0 and len(report.delta_versions) == 3
     assert seqs(table) == good and seqs(Path(f"{table}_dead_letters")) == bad
     rows = DeltaTable(str(table)).to_pyarrow_table(columns=["seq", "id"]).to_pylist()
@@ -106,7 +109,7 @@ def _committed(checkpoint: Path) -> tuple[int, int]:
 def test_stream_runs_killed_at_random_points_write_every_message_once(
         js, names, nats_server, tmp_path):
     rng = random.Random(int(os.environ.get("JS_ETL_STREAM_SEED", "20261129")))
-    kills = int(os.environ.get("JS_ETL_STREAM_KILLS", "2"))
+    kills = int(os.environ.get("JS_ETL_STREAM_KILLS", "1"))
     add_stream(js, names)
     consumer(js, names.stream, names.consumer)
     table, checkpoint = tmp_path / "table", tmp_path / "checkpoint"
@@ -180,14 +183,10 @@ def test_two_runs_of_one_stream_job_at_once_write_every_message_once(
                 for _, err in [proc.communicate(timeout=600)]]
     assert_no_process_left(marker)
     codes = sorted(code for code, _ in outcomes)
-    assert codes[0] == 0, outcomes
+    assert codes[0] == 0, outcomes  # one ran to its AvailableNow target: all of the stream
     for code, err in outcomes:
         if code != 0:  # the second writer of the checkpoint, stopped by Spark
             assert code == RunRefusedError.exit_code, err[-2000:]
             lines = [line for line in err.splitlines() if line.startswith("js-etl:")]
             assert len(lines) == 1 and "another run of this stream job" in lines[0], err[-2000:]
-    again = drain_process(names, nats_server.url, table, None, marker, *settings,
-                          command="stream")
-    _, err = again.communicate(timeout=600)
-    assert again.returncode == 0, err[-2000:]
     assert seqs(table) == good and seqs(Path(f"{table}_dead_letters")) == bad
