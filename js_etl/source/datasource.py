@@ -169,32 +169,32 @@ class NatsJetStreamSource(DataSource):
         # end or purged) is where a stream starts (or fails), so it is raised when a batch read
         # is planned.
         parsed = SourceOptions.parse(self.options)
-        self._plan: ReadPlan | RangeFailure = plan_read(parsed)
+        self._parsed, self._plan = parsed, plan_read(parsed)
         return schema_ddl(parsed.decode)
 
     def reader(self, schema: StructType) -> NatsJetStreamReader:
-        plan = self._planned()
+        parsed, plan = self._planned()
         if isinstance(plan, RangeFailure):
             raise plan
-        given = SourceOptions.parse(self.options).streaming.given
+        given = parsed.streaming.given
         if given:
             raise ConfigError(f"option {given[0]} is for spark.readStream; a batch read "
                               "takes from_seq/from_time and to_seq/to_time")
         return NatsJetStreamReader(replace(plan, payload_json=payload_json(plan.decode, schema)))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        self._planned()
+        parsed, _ = self._planned()
         from js_etl.source.stream import NatsJetStreamStreamReader
 
-        parsed = SourceOptions.parse(self.options)
         return NatsJetStreamStreamReader(parsed, payload_json(parsed.decode, schema))
 
-    def _planned(self) -> ReadPlan | RangeFailure:
+    def _planned(self) -> tuple[SourceOptions, ReadPlan | RangeFailure]:
+        """What :meth:`schema` parsed and planned (pickled with this source)."""
         plan: ReadPlan | RangeFailure | None = getattr(self, "_plan", None)
         if plan is None:  # a schema given with .schema(...): schema() was never called
             raise ConfigError("the nats_jetstream source makes its own schema: do not pass "
                               ".schema(...); use the options decode and schema")
-        return plan
+        return self._parsed, plan
 
 
 def payload_json(decode: DecodeConfig, schema: StructType) -> str | None:

@@ -63,7 +63,6 @@ class NatsJetStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
             filter_subjects=parsed.filter_subjects, batch=fetch.batch, max_bytes=fetch.max_bytes,
             pull_timeout=fetch.pull_timeout, partitions=fetch.partitions, decode=parsed.decode,
             pushed=Pushed(), payload_json=payload_json)
-        self.fail_on_data_loss = parsed.streaming.fail_on_data_loss
         self.target: int | None = None  # Trigger.AvailableNow: no offset beyond it
         self._js: JetStreamSession | None = None
 
@@ -104,8 +103,8 @@ class NatsJetStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
         first = _first(info)
         skipped = int(start.get("skipped", 0))
         if seq < first:
-            if self.fail_on_data_loss:
-                raise _data_loss(info.name, seq, first)
+            if self.parsed.streaming.fail_on_data_loss:
+                raise _data_loss(info.name, seq, first - 1, first)
             log.warning("stream %s no longer holds seqs %d..%d (purged or expired): skipped "
                         "(fail_on_data_loss=false)", info.name, seq, first - 1)
             skipped += first - seq
@@ -157,11 +156,11 @@ class NatsJetStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
             if first_read is None:
                 first_read = batch.column("seq")[0].as_py()
             yield batch
-        if self.fail_on_data_loss and (first_read is None or first_read > lo):
+        if self.parsed.streaming.fail_on_data_loss and (first_read is None or first_read > lo):
             with JetStreamSession(self.options) as js:
                 first = _first(source_stream_info(js, self.plan.stream, "the option stream"))
             if first > lo:
-                raise _data_loss(self.plan.stream, lo, min(first, hi + 1))
+                raise _data_loss(self.plan.stream, lo, min(first - 1, hi), first)
 
     # --- helpers -------------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -214,9 +213,9 @@ def _first(info: StreamInfo) -> int:
     return max(info.state.first_seq, 1)
 
 
-def _data_loss(stream: str, seq: int, first: int) -> PurgedRangeError:
+def _data_loss(stream: str, seq: int, last_gone: int, first: int) -> PurgedRangeError:
     return PurgedRangeError(
-        f"stream {stream} no longer holds seqs {seq}..{first - 1}, which the query has not read "
+        f"stream {stream} no longer holds seqs {seq}..{last_gone}, which the query has not read "
         f"(purged or expired): the first available is seq {first}; set fail_on_data_loss=false "
         "to skip them")
 

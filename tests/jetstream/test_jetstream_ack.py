@@ -235,8 +235,8 @@ def test_a_late_confirmation_is_waited_for_while_the_server_applies_the_block(js
     """A big block on a busy server answers late. While the consumer's ack floor moves, the
     server is applying it: the wait goes on rather than sending it all again, and failing after
     the last send (400,000 acks exited 75 on a healthy server). The wait per answer here is
-    100 ms, far shorter than the server needs for 200,000 acks (seconds), and longer than the
-    server's pauses on a loaded box (at 20 ms one read saw no progress in a full suite run)."""
+    100 ms: far shorter than the server needs for 200,000 acks, and longer than the pauses of a
+    server on a loaded box (docs/design/acks-under-load.md)."""
     from js_etl.jetstream.ack import ACK, AckBlock, Acker
 
     n = 200_000

@@ -148,12 +148,17 @@ def test_a_batch_whose_messages_go_before_its_tasks_read_them_fails_there_unless
         end = strict.latestOffset(start, strict.getDefaultReadLimit())
         first_half, second_half = strict.partitions(start, end)
         purge_stream(js, names.stream, keep=30)  # seqs 1..10 gone
-        with pytest.raises(PurgedRangeError, match="no longer holds seqs 1..10,"):
+        with pytest.raises(PurgedRangeError,
+                           match="no longer holds seqs 1..10,.* first available is seq 11;"):
             list(strict.read(first_half))
         assert [seq for batch in lenient.read(first_half)
                 for seq in batch.column("seq").to_pylist()] == list(range(11, 21))
         assert [seq for batch in strict.read(second_half)
                 for seq in batch.column("seq").to_pylist()] == list(range(21, 41))
+        purge_stream(js, names.stream, keep=15)  # now past the first half's end too
+        with pytest.raises(PurgedRangeError,
+                           match="no longer holds seqs 1..20,.* first available is seq 26;"):
+            list(strict.read(first_half))
     finally:
         strict.stop()
         lenient.stop()
