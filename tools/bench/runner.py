@@ -255,12 +255,7 @@ class Bench:
         config = self.config(stream, durable, table, pub["schema"])
         self.add_consumer(stream, durable,
                           config.source.max_ack_pending or JS_ETL_MAX_ACK_PENDING)
-        assert self.spark is not None
-        self.sampler.reset(os.getpid())
-        t0 = time.monotonic()
-        report = run_drain(self.spark, config)
-        seconds = time.monotonic() - t0
-        return self._drain_leg("js_etl", config, report.as_dict(), seconds, pub, n)
+        return self._in_process_leg("js_etl", run_drain, config, pub, n)
 
     def js_etl_stream_leg(self, pub: dict[str, Any], n: int, run: str, table: str) -> Leg:
         """``js-etl stream`` on the same data and session: an AvailableNow query from a fresh
@@ -275,12 +270,17 @@ class Bench:
                      "streaming.commit_consumer=true"]
         config = load_config(None, overrides, environ={})
         self.add_consumer(stream, durable, -1)
+        return self._in_process_leg("js_etl_stream", run_stream, config, pub, n)
+
+    def _in_process_leg(self, name: str, run: Callable[[Any, JobConfig], Any],
+                        config: JobConfig, pub: dict[str, Any], n: int) -> Leg:
+        """A js-etl run on the bench's session, timed around the call, sampled from its start."""
         assert self.spark is not None
         self.sampler.reset(os.getpid())
         t0 = time.monotonic()
-        report = run_stream(self.spark, config)
+        report = run(self.spark, config)
         seconds = time.monotonic() - t0
-        return self._drain_leg("js_etl_stream", config, report.as_dict(), seconds, pub, n)
+        return self._drain_leg(name, config, report.as_dict(), seconds, pub, n)
 
     def js_etl_connect_leg(self, pub: dict[str, Any], n: int, run: str, table: str) -> Leg:
         """js-etl's drain as a Spark Connect client of the bench's server, on the same data, in
