@@ -125,16 +125,24 @@ def _one_line(checkpoint: str) -> Iterator[None]:
         error = load_error(e)
         if error is not None:
             raise error from None
-        # Spark's words when two queries write one checkpoint (spark 4.2): the second to log a
-        # batch's offsets or commit, or to create the checkpoint, finds the file there.
-        text = str(e)
-        if "CONCURRENT_STREAM_LOG_UPDATE" in text or (
-                "FileAlreadyExistsException" in text and checkpoint.rstrip("/") in text):
+        if _another_run_has_the_checkpoint(str(e), checkpoint):
             raise RunRefusedError(
                 f"another run of this stream job is writing its checkpoint {checkpoint}: this "
                 "run stopped (no batch is written twice); the next run continues from the "
                 "checkpoint") from None
         raise
+
+
+def _another_run_has_the_checkpoint(text: str, checkpoint: str) -> bool:
+    """Spark's words when two queries write one checkpoint (spark 4.2's error conditions): the
+    second to log a batch's offsets or commit, or to create the checkpoint, finds the file there
+    — CONCURRENT_STREAM_LOG_UPDATE, or _LEGACY_ERROR_TEMP_2207 ("Multiple streaming queries are
+    concurrently using <path>") when the rename of the log file lost the race."""
+    if "CONCURRENT_STREAM_LOG_UPDATE" in text:
+        return True
+    return checkpoint.rstrip("/") in text and (
+        "Multiple streaming queries are concurrently using" in text
+        or "FileAlreadyExistsException" in text)
 
 
 class BatchWriter:

@@ -255,7 +255,7 @@ def test_expires_waits_for_the_first_message_then_stops_when_drained(js, names, 
         await asyncio.sleep(0.3)
         for _ in range(3):
             await js.conn.nc.publish(f"{names.prefix}.a", b"late")
-        await js.conn.nc.flush()  # all three are in the stream once the server answers
+        await js.conn.nc.flush()
         return await task
 
     result = js.run(pull_and_publish_later())
@@ -265,6 +265,10 @@ def test_expires_waits_for_the_first_message_then_stops_when_drained(js, names, 
     assert result.end is PullEnd.NO_MESSAGES
     got = [m.data for m in result.messages]
     assert 1 <= len(got) <= 3 and set(got) == {b"late"}
+    # A flush answered means the server read the publishes, not that the stream stored them
+    # (its ingest queue runs apart): the count below is taken once all three are stored.
+    wait_until(lambda: js.stream_info(stream).state.messages, lambda n: n == 3,
+               what="three stored messages")
     assert js.consumer_info(stream, names.consumer).num_pending == 3 - len(got)
 
 
