@@ -19,8 +19,9 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev,airflow,docs]'
+	$(BIN)/python -m pip install -q --upgrade pip 'uv==0.13.9'
+	# uv (the dev extra's installer) installs what pip would, from its cache and in parallel
+	$(BIN)/uv pip install -q --python $(BIN)/python -e '.[dev,airflow,docs]'
 	touch $@
 
 demo: setup
