@@ -46,6 +46,12 @@ from js_etl.schema import ORIGIN_COLUMNS, schema_field_problem
 if TYPE_CHECKING:
     from js_etl.jetstream.options import ConnectionOptions
 
+# The key-value bucket of the consumers' run leases (js_etl.durable.lease): source.lease_bucket,
+# and the stream source's option lease_bucket.
+DEFAULT_LEASE_BUCKET = "js-etl-leases"
+LEASE_BUCKET = pattern(r"[A-Za-z0-9_-]{1,64}",
+                       "a key-value bucket name matching ^[A-Za-z0-9_-]{1,64}$")
+
 class _Section:
     """Runs every field's kind, then the section's cross-field rules, on construction."""
 
@@ -193,10 +199,7 @@ class SourceConfig(_Section):
     min_pending: int | None = setting(None, count())
     min_ack_pending: int | None = setting(None, count())
     # The key-value bucket holding each consumer's run lease (js_etl.durable.lease).
-    lease_bucket: str = setting(
-        "js-etl-leases",
-        pattern(r"[A-Za-z0-9_-]{1,64}", "a key-value bucket name matching ^[A-Za-z0-9_-]{1,64}$"),
-    )
+    lease_bucket: str = setting(DEFAULT_LEASE_BUCKET, LEASE_BUCKET)
 
     def _check(self) -> None:
         for name in ("min_pending", "min_ack_pending"):

@@ -15,6 +15,7 @@ import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from js_etl.durable.cursor import MARK, marked
 from js_etl.errors import ConfigError
 from js_etl.jetstream.api import AckPolicy, ConsumerConfig, ConsumerInfo, PriorityPolicy, StreamInfo
 from js_etl.jetstream.errors import ConsumerConfigError, ConsumerNotFoundError, StreamNotFoundError
@@ -157,6 +158,11 @@ def drain_consumer_problems(config: ConsumerConfig, *, min_ack_wait: float,
                         f"`nats consumer edit {stream} {consumer} --max-deliver=-1 -f`")
     if config.max_ack_pending == 0:
         problems.append("max_ack_pending is 0")
+    if marked(config.metadata):
+        problems.append(f"it follows a Structured Streaming query (commit_consumer; metadata "
+                        f"{MARK}), which moves it past what the query wrote: a drain of it "
+                        f"would miss those messages; give the drain its own consumer, e.g. "
+                        f"{replacement}")
     return problems
 
 

@@ -1,6 +1,7 @@
-"""JetStream admin requests: stream/consumer info, creating and deleting streams and consumers,
-UNPIN, consumer reset, and a message lookup by time. Raw ``$JS.API`` requests, because nats-py
-cannot express priority groups (and we want one typed error per server ``err_code``).
+"""JetStream admin requests: stream/consumer info, creating, updating (metadata) and deleting
+streams and consumers, UNPIN, consumer reset, and a message lookup by time. Raw ``$JS.API``
+requests, because nats-py cannot express priority groups (and we want one typed error per
+server ``err_code``).
 
 What a drain needs of its consumer is checked in :mod:`js_etl.durable.policy`, not here."""
 
@@ -61,6 +62,25 @@ class JetStreamAdmin:
         api = f"CONSUMER.CREATE.{stream}.{name}" if name else f"CONSUMER.CREATE.{stream}"
         body = {"stream_name": stream, "config": config.as_dict(), "action": action}
         return ConsumerInfo.from_response(await self._call(api, body))
+
+    async def update_consumer_metadata(self, stream: str, consumer: str,
+                                       changes: dict[str, str | None]) -> ConsumerInfo:
+        """Set (or, for None, remove) metadata keys of a consumer. Its config goes back as the
+        server gave it, so fields :class:`ConsumerConfig` does not model (``backoff`` …) stay."""
+        try:
+            config = dict((await self._call(f"CONSUMER.INFO.{stream}.{consumer}"))["config"])
+        except (StreamNotFoundError, ConsumerNotFoundError) as e:
+            raise _named(e, stream, consumer) from None
+        metadata = dict(config.get("metadata") or {})
+        for key, value in changes.items():
+            if value is None:
+                metadata.pop(key, None)
+            else:
+                metadata[key] = value
+        config["metadata"] = metadata
+        body = {"stream_name": stream, "config": config, "action": "update"}
+        return ConsumerInfo.from_response(
+            await self._call(f"CONSUMER.CREATE.{stream}.{consumer}", body))
 
     async def delete_consumer(self, stream: str, consumer: str) -> None:
         await self._call(f"CONSUMER.DELETE.{stream}.{consumer}")

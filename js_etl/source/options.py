@@ -15,7 +15,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from js_etl.config.model import DecodeConfig, FetchConfig, JobConfig, NatsConfig, TlsConfig
+from js_etl.config.model import (
+    DEFAULT_LEASE_BUCKET,
+    LEASE_BUCKET,
+    DecodeConfig,
+    FetchConfig,
+    JobConfig,
+    NatsConfig,
+    TlsConfig,
+)
 from js_etl.config.values import byte_size, coerce
 from js_etl.errors import ConfigError, RangeError
 from js_etl.instant import format_instant, parse_instant
@@ -35,7 +43,7 @@ _DECODE = {"decode": "format", "schema": "schema", "keep_raw": "keep_raw"}
 _RANGE = ("from_seq", "to_seq", "from_time", "to_time")
 # spark.readStream only (a batch read refuses them when it is planned)
 STREAMING = ("start", "max_messages_per_batch", "max_bytes_per_batch", "fail_on_data_loss",
-             "commit_consumer")
+             "commit_consumer", "lease_bucket")
 OPTIONS = (*_CONNECTION, *_TLS, "stream", "filter_subjects", *_RANGE, *_FETCH, *_DECODE,
            *STREAMING)
 # Options are shown in query plans, the Spark UI and logs: a secret given as an option leaks.
@@ -64,6 +72,7 @@ class StreamingOptions:
     max_bytes_per_batch: int | None = None  # ... by the stream's average stored message size
     fail_on_data_loss: bool = True  # messages gone before the query read them: fail, or skip
     commit_consumer: str | None = None  # a durable consumer moved to what the sink committed
+    lease_bucket: str = DEFAULT_LEASE_BUCKET  # where a drain of commit_consumer holds its lease
     given: tuple[str, ...] = ()  # which of these options were set
 
 
@@ -173,9 +182,14 @@ def _streaming(given: Mapping[str, str], request: RangeRequest) -> StreamingOpti
     if consumer is not None and not re.fullmatch(r"[^.*>\s]+", consumer):
         raise ConfigError(f"option commit_consumer must be a consumer name (no '.', '*', '>' "
                           f"or spaces), got {consumer!r}")
+    bucket = coerce("option lease_bucket", given.get("lease_bucket", DEFAULT_LEASE_BUCKET),
+                    LEASE_BUCKET)
+    if "lease_bucket" in given and consumer is None:
+        raise ConfigError("option lease_bucket goes with commit_consumer (where a drain of that "
+                          "consumer would hold its lease)")
     return StreamingOptions("latest" if start == "latest" else "earliest",
                             None if limit is None else int(limit), max_bytes, fail == "true",
-                            consumer, tuple(k for k in STREAMING if k in given))
+                            consumer, bucket, tuple(k for k in STREAMING if k in given))
 
 
 def job_options(config: JobConfig) -> dict[str, str]:
@@ -205,6 +219,7 @@ def job_options(config: JobConfig) -> dict[str, str]:
     options["fail_on_data_loss"] = text(streaming.fail_on_data_loss)
     if streaming.commit_consumer:
         options["commit_consumer"] = config.source.consumer
+        options["lease_bucket"] = config.source.lease_bucket
     return options
 
 

@@ -15,7 +15,8 @@ position). What this relies on for exactly-once with a sink such as Delta:
 ``commit(end)`` — called by Spark after the sink committed the batch ending at ``end`` — moves
 the durable consumer named by ``commit_consumer`` (if any) to ``end`` with a consumer reset, so
 its ``num_pending`` counts what the query has not committed yet; never ahead of the sink, never
-backwards. The query itself never reads through that consumer.
+backwards. The query itself never reads through that consumer, and claims it when it starts
+(:mod:`js_etl.durable.cursor`): one nothing else reads from, or refused.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from js_etl.durable.cursor import claim_cursor
 from js_etl.durable.policy import source_stream_info
 from js_etl.errors import ConfigError, PurgedRangeError
 from js_etl.instant import format_instant
@@ -65,6 +67,14 @@ class NatsJetStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
             pushed=Pushed(), payload_json=payload_json)
         self.target: int | None = None  # Trigger.AvailableNow: no offset beyond it
         self._js: JetStreamSession | None = None
+        streaming = parsed.streaming
+        if streaming.commit_consumer is not None:  # refused before the query starts, or ours
+            try:
+                claim_cursor(self._session(), parsed.stream, streaming.commit_consumer,
+                             streaming.lease_bucket)
+            except BaseException:
+                self.stop()
+                raise
 
     # --- the driver side: offsets --------------------------------------------------------
     def initialOffset(self) -> dict[str, Any]:
@@ -198,7 +208,8 @@ def move_consumer(options: ConnectionOptions, stream: str, consumer: str, seq: i
 
 def move_consumer_on(js: JetStreamSession, stream: str, consumer: str, seq: int) -> None:
     """:func:`move_consumer` on an open session. Never backwards: a consumer already past
-    ``seq`` stays (a consumer reset would deliver again what it delivered)."""
+    ``seq`` stays (a consumer reset would deliver again what it delivered). The query claimed
+    the consumer when it started (:mod:`js_etl.durable.cursor`)."""
     try:
         info = js.consumer_info(stream, consumer)
     except ConsumerNotFoundError:

@@ -1,6 +1,7 @@
 """What can be told about a stream job before Spark starts (NATS only, no pyspark): the
 checkpoint is set, the table paths are writable, the credentials' files readable, the stream
-(and the consumer that follows the query) there. ``js-etl stream`` runs it before its session
+(and the consumer that follows the query) there, that consumer one no drain reads from
+(:mod:`js_etl.durable.cursor`). ``js-etl stream`` runs it before its session
 starts, the Airflow operator before spark-submit."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from collections.abc import Mapping
 
 from js_etl.config import JobConfig
 from js_etl.delta.rules import check_target_paths
+from js_etl.durable.cursor import check_cursor
 from js_etl.durable.policy import source_stream_info
 from js_etl.errors import ConfigError
 from js_etl.jetstream import JetStreamSession
@@ -24,7 +26,8 @@ def check_stream(config: JobConfig, environ: Mapping[str, str] | None = None) ->
     with JetStreamSession(options) as js:
         source_stream_info(js, config.source.stream)
         if config.streaming.commit_consumer:
-            js.consumer_info(config.source.stream, config.source.consumer)
+            source = config.source
+            check_cursor(js, source.stream, source.consumer, source.lease_bucket)
 
 
 def checkpoint_of(config: JobConfig) -> str:

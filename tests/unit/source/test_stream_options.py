@@ -17,19 +17,24 @@ def parse(**options: str) -> SourceOptions:
 def test_streaming_options_are_checked_and_remembered_as_given():
     plain = parse().streaming
     assert (plain.start, plain.max_messages_per_batch, plain.fail_on_data_loss,
-            plain.commit_consumer, plain.given) == ("earliest", None, True, None, ())
+            plain.commit_consumer, plain.lease_bucket, plain.given) == (
+        "earliest", None, True, None, "js-etl-leases", ())
     given = parse(start="LATEST", max_messages_per_batch="500", fail_on_data_loss="false",
-                  commit_consumer="orders_follow").streaming
+                  commit_consumer="orders_follow", lease_bucket="leases").streaming
     assert (given.start, given.max_messages_per_batch, given.fail_on_data_loss,
-            given.commit_consumer) == ("latest", 500, False, "orders_follow")
+            given.commit_consumer, given.lease_bucket) == (
+        "latest", 500, False, "orders_follow", "leases")
     assert given.given == ("start", "max_messages_per_batch", "fail_on_data_loss",
-                           "commit_consumer")
+                           "commit_consumer", "lease_bucket")
     for options, text in [
         ({"start": "newest"}, "option start must be earliest or latest"),
         ({"start": "latest", "from_seq": "4"}, "give at most one start"),
         ({"max_messages_per_batch": "0"}, "max_messages_per_batch must be a count"),
         ({"fail_on_data_loss": "maybe"}, "fail_on_data_loss must be true or false"),
         ({"commit_consumer": "a.b"}, "commit_consumer must be a consumer name"),
+        ({"commit_consumer": "c", "lease_bucket": "a.b"}, "option lease_bucket: expected a "
+                                                          "key-value bucket name"),
+        ({"lease_bucket": "leases"}, "option lease_bucket goes with commit_consumer"),
     ]:
         with pytest.raises(ConfigError, match=text):
             parse(**options)
@@ -42,7 +47,7 @@ def test_a_job_config_reads_its_stream_with_the_same_settings():
         "fetch.partitions=3", "decode.format=json", "decode.schema=id BIGINT",
         "decode.keep_raw=true", "target.path=/t", "streaming.checkpoint=/c",
         "streaming.max_messages_per_batch=70", "streaming.commit_consumer=true",
-        "streaming.fail_on_data_loss=false"], environ={})
+        "streaming.fail_on_data_loss=false", "source.lease_bucket=leases"], environ={})
     options = job_options(config)
     assert "NATS_TOKEN" == options["token_env"] and "token" not in options  # a name, no secret
     parsed = SourceOptions.parse(options)
@@ -51,7 +56,8 @@ def test_a_job_config_reads_its_stream_with_the_same_settings():
     assert parsed.decode == config.decode
     streaming = parsed.streaming
     assert (streaming.start, streaming.max_messages_per_batch, streaming.fail_on_data_loss,
-            streaming.commit_consumer) == ("earliest", 70, False, "follow")
+            streaming.commit_consumer, streaming.lease_bucket) == (
+        "earliest", 70, False, "follow", "leases")
     from_seq = job_options(load_config(None, [
         "source.stream=ORDERS", "source.consumer=c", "target.path=/t",
         "streaming.from_seq=42"], environ={}))
