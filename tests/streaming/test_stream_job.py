@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
-from drains import assert_no_process_left, config_for, drain_process, events
+from drains import assert_no_process_left, config_for, drain_process, events, table_seqs
 from streams import add_stream, consumer, publish_and_wait, purge_stream
 
 from js_etl.errors import ConfigError, PurgedRangeError, RunRefusedError
@@ -76,6 +76,31 @@ def test_a_stream_run_writes_rows_and_dead_letters_and_the_next_run_resumes(
     with pytest.raises(PurgedRangeError, match="no longer holds seqs 311..315") as raised:
         run_stream(spark, config)
     assert raised.value.exit_code == 2
+
+
+def test_a_stream_run_keeps_its_table_and_checkpoint_in_s3_and_resumes_from_there(
+        spark, js, names, nats_server, s3):
+    """The table, its dead letters and the query's checkpoint in a bucket of a real
+    S3-compatible store, reached through the AWS_* variables only; the next run reads the
+    checkpoint back from the bucket and writes only what is new."""
+    from js_etl.delta.store import TableFiles
+
+    messages, good, bad = events(names, 200, poison_every=29)
+    add_stream(js, names)
+    publish_and_wait(js, names, messages)
+    table, checkpoint = f"{s3}/events", f"{s3}/checkpoints/events"
+    config = config_for(names, nats_server.url, table, f"streaming.checkpoint={checkpoint}",
+                        "streaming.max_messages_per_batch=120")
+    report = run_stream(spark, config)
+    assert [(b["first_seq"], b["last_seq"]) for b in report.batches] == [(1, 120), (121, 200)]
+    assert TableFiles(checkpoint).names("commits")  # Spark's commit log, in the bucket
+
+    more, _, _ = events(names, 10)
+    publish_and_wait(js, names, more)
+    again = run_stream(spark, config)
+    assert [(b["first_seq"], b["last_seq"]) for b in again.batches] == [(201, 210)]
+    assert table_seqs(spark, names, table) == [*good, *range(201, 211)]
+    assert table_seqs(spark, names, f"{table}_dead_letters") == bad
 
 
 def test_a_stream_run_without_a_checkpoint_or_stream_fails_in_seconds_in_one_line(
