@@ -17,10 +17,10 @@ NATS_CLI_VERSION := v0.5.1
 setup: $(STAMP)
 	$(BIN)/python -m js_etl.spark.jars "$(JS_ETL_JARS_DIR)" >/dev/null
 
+# uv (pinned in the dev extra too) installs what pip would, from its cache and in parallel.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip 'uv==0.13.9'
-	# uv (the dev extra's installer) installs what pip would, from its cache and in parallel
 	$(BIN)/uv pip install -q --python $(BIN)/python -e '.[dev,airflow,docs]'
 	touch $@
 

@@ -1,7 +1,7 @@
 """js-etl over Spark Connect: a real Spark Connect server (tools/spark_connect.py), and tests of
 the classic suite run again as its client, with the same assertions.
 
-Each leg is a pytest of its own with ``JS_ETL_TEST_SPARK=connect`` and ``SPARK_REMOTE`` naming
+They run in one pytest of their own, with ``JS_ETL_TEST_SPARK=connect`` and ``SPARK_REMOTE`` naming
 the server (tests/conftest.py): a Connect session switches pyspark into Connect mode for its
 whole process. There the ``spark`` fixture is a Connect client, every ``js-etl drain`` a test
 starts goes to the server, and a table is read back by deltalake, not by the server under test.
@@ -64,18 +64,16 @@ def _connect_leg(server_url: str, tests: tuple[str, ...], **env: str) -> dict[st
 
 
 @pytest.mark.slow
-def test_the_source_and_backfill_tests_pass_over_spark_connect(spark_connect_server):
+def test_the_source_backfill_and_drain_tests_pass_over_spark_connect(spark_connect_server):
+    """One leg, one client process: the data source's and the backfill's tests that use the
+    session, and the drain's exactly-once cases."""
     deselect = [a for name in BACKFILL_ONCE
                 for a in ("--deselect", f"tests/backfill/test_backfill.py::{name}")]
-    counts = _connect_leg(spark_connect_server.url, (*SOURCE_AND_BACKFILL, *deselect))
-    assert counts["passed"] == 17, counts  # those of the two files that use the session
-
-
-@pytest.mark.slow
-def test_the_drains_exactly_once_cases_pass_over_spark_connect(spark_connect_server):
-    counts = _connect_leg(spark_connect_server.url, DRAIN,
+    counts = _connect_leg(spark_connect_server.url, (*SOURCE_AND_BACKFILL, *deselect, *DRAIN),
                           JS_ETL_SCHEDULE_SEED=CONNECT_SCHEDULE_SEED)
-    assert counts == {"passed": 8}, counts  # the first-write case runs on both writers
+    # 17 of the two files that use the session; 8 drain cases (the first-write one runs on both
+    # writers)
+    assert counts["passed"] == 17 + 8, counts
 
 
 def test_a_drain_over_spark_connect_refuses_a_table_the_client_cannot_reach_in_one_line(

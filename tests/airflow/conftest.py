@@ -9,6 +9,7 @@ from the Airflow connection to where it is used (hook, trigger, spark-submit chi
 from __future__ import annotations
 
 import atexit
+import fcntl
 import json
 import logging
 import os
@@ -16,7 +17,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -50,15 +50,32 @@ from js_etl.demo.server import LocalNatsServer, free_port  # noqa: E402
 from js_etl.jetstream import ConnectionOptions, JetStreamSession, Secret  # noqa: E402
 
 
-@pytest.fixture(scope="session", autouse=True)
-def airflow_db() -> Iterator[Path]:
-    """``airflow db migrate`` once (about 3 s); the home folder is removed at exit."""
-    started = time.monotonic()
+def _migrate(database: Path) -> None:
+    env = {**os.environ, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{database}"}
     result = subprocess.run([str(Path(sys.executable).with_name("airflow")), "db", "migrate"],
-                            check=False, capture_output=True, text=True, timeout=180,
-                            env=os.environ.copy())
+                            check=False, capture_output=True, text=True, timeout=180, env=env)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    print(f"\nairflow db migrate: {time.monotonic() - started:.1f}s")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def airflow_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """``airflow db migrate`` once per test run: the first pytest-xdist worker to get here
+    migrates a database into the run's shared temporary folder, under a lock, and every worker
+    copies it (a migration costs each worker's Airflow import anew); the home folder is removed
+    at exit."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")  # this run's workers share it; none alone
+    if run is None:
+        _migrate(AIRFLOW_HOME / "airflow.db")
+    else:
+        shared = tmp_path_factory.getbasetemp().parent / f"airflow-db-{run}"
+        shared.mkdir(exist_ok=True)
+        template = shared / "airflow.db"
+        with open(shared / "lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            if not template.exists():
+                _migrate(shared / "migrating.db")
+                os.replace(shared / "migrating.db", template)
+        shutil.copyfile(template, AIRFLOW_HOME / "airflow.db")
     import airflow  # noqa: F401 - configures logging: root at INFO, on the stream of the moment
 
     # py4j logs "Closing down clientserver connection" at INFO from __del__ at interpreter

@@ -52,17 +52,17 @@ def test_a_drain_into_an_s3_table_takes_every_message_once_on_the_columnar_write
     assert files.names("_js_etl") == []  # the run's lock is gone with the run
 
 
-# A kill after the fetch leaves nothing written, whichever writer: it runs on one.
+# A kill after the fetch leaves nothing written, whichever writer: it runs on one. A kill in
+# the middle of the acks finds the table as a kill after the commit does: what differs is on
+# the NATS side, where tests/drain/test_faults.py kills mid-ack.
 @pytest.mark.parametrize("fault, writer", [
     ("kill_after_fetch", "auto"),
     ("kill_after_commit", "auto"), ("kill_after_commit", "spark"),
-    ("kill_mid_ack", "auto"), ("kill_mid_ack", "spark"),
 ])
 def test_a_drain_killed_at_each_point_of_an_s3_round_recovers_exactly_once(
         fault, writer, spark, js, names, nats_server, s3):
-    """SIGKILL of a real ``js-etl drain`` after the fetch, after the commit and in the middle of
-    the acks of an S3 table's round (the last two on either writer); the next run leaves every
-    message in it once."""
+    """SIGKILL of a real ``js-etl drain`` after the fetch and after the commit of an S3 table's
+    round (the latter on either writer); the next run leaves every message in it once."""
     messages, good, bad = events(names, 600, poison_every=97)
     setup_stream(js, names, messages)
     table = f"{s3}/events"
