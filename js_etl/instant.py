@@ -5,7 +5,10 @@
   writes it.
 * :func:`parse_instant` / :func:`format_instant`: what a user types (``--from-time``), as exact
   integer nanoseconds since the epoch; RFC 3339 / ISO 8601, lenient about the form. What it
-  formats, the server parses (``STREAM.MSG.GET`` with ``start_time``).
+  formats, the server parses (``STREAM.MSG.GET`` with ``start_time``). The server compares
+  times as 64-bit nanoseconds since the epoch and wraps outside them (a ``start_time`` in 2300
+  found the stream's first message), so an instant outside :data:`NS_MIN`..:data:`NS_MAX` is
+  refused, and a Spark filter's is clamped to them (:func:`clamp_ns`).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from js_etl.errors import ConfigError
 
 _NS = 1_000_000_000
+NS_MIN, NS_MAX = -(2**63), 2**63 - 1  # the times NATS compares: 1677-09-21 to 2262-04-11
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ZERO_TIME = "0001-01-01T00:00:00Z"
 _RFC3339 = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$")
@@ -61,7 +65,19 @@ def parse_instant(text: str, what: str = "time") -> int:
     except ValueError as e:
         raise ConfigError(f"{what} {text!r} is not a valid time: {e}") from None
     seconds = (moment - _EPOCH) // timedelta(seconds=1)
-    return seconds * _NS + int((frac or "0").ljust(9, "0"))
+    ns = seconds * _NS + int((frac or "0").ljust(9, "0"))
+    if not NS_MIN <= ns <= NS_MAX:
+        raise ConfigError(f"{what} {text!r} is outside the times NATS compares, "
+                          f"{format_instant(NS_MIN)} to {format_instant(NS_MAX)}")
+    return ns
+
+
+def clamp_ns(moment: datetime) -> int:
+    """An aware ``datetime`` (microseconds) as nanoseconds since the epoch, within
+    :data:`NS_MIN`..:data:`NS_MAX`: every stored message lies between, so a time past either
+    end compares with them as that end does."""
+    micros = (moment - _EPOCH) // timedelta(microseconds=1)
+    return max(NS_MIN, min(NS_MAX, micros * 1000))
 
 
 def format_instant(ns: int) -> str:

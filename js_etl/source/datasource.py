@@ -52,7 +52,7 @@ from js_etl.decode.arrow import BatchDecoder
 from js_etl.durable.policy import source_stream_info
 from js_etl.errors import ConfigError, JsEtlError, PurgedRangeError, RangeError
 from js_etl.faults import fail_first_attempt
-from js_etl.instant import format_instant, parse_instant
+from js_etl.instant import NS_MAX, clamp_ns, format_instant
 from js_etl.jetstream import ConnectionOptions, JetStreamSession
 from js_etl.jetstream.admin import first_message_at_or_after
 from js_etl.schema import ORIGIN_COLUMNS, ORIGIN_DDL
@@ -343,8 +343,12 @@ def _push_subject(pushed: Pushed, f: Filter) -> Pushed | None:
 _MICRO = 1000  # ns per µs: Spark timestamps are microseconds, stream times nanoseconds
 
 
-def _ns(moment: datetime) -> int:
-    return parse_instant(moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
+def _ns(moment: datetime, later: int = 0) -> int:
+    """A pushed filter's time as the stream's nanoseconds, ``later`` after it, within the times
+    NATS compares (:func:`~js_etl.instant.clamp_ns`)."""
+    return min(NS_MAX, clamp_ns(moment.astimezone(UTC)) + later)
+
+
 
 
 def _narrowed(plan: ReadPlan) -> ReadPlan:
@@ -360,9 +364,9 @@ def _narrowed(plan: ReadPlan) -> ReadPlan:
     if p.hi is not None:
         hi = min(hi, p.hi)
     starts = [_ns(t) for t in (p.time_from,) if t is not None]
-    starts += [_ns(t) + _MICRO for t in (p.time_after,) if t is not None]
+    starts += [_ns(t, _MICRO) for t in (p.time_after,) if t is not None]
     ends = [_ns(t) for t in (p.time_before,) if t is not None]  # first stored at/after: excluded
-    ends += [_ns(t) + _MICRO for t in (p.time_until,) if t is not None]
+    ends += [_ns(t, _MICRO) for t in (p.time_until,) if t is not None]
     if (starts or ends) and lo <= hi:
         with JetStreamSession(plan.options) as js:
             for start in starts:

@@ -195,6 +195,12 @@ def test_published_at_predicate_is_pushed_to_the_server(source, js, names, monit
     assert seqs == expected == list(range(901, 1001))
     assert "Filter (" not in plan, plan  # no Spark Filter node above the scan: it was pushed
     assert delivered(f"{names.prefix}-pushed") < 200  # the 100 rows and a few API replies
+    # Times past those the server compares (64-bit nanoseconds: 1677 to 2262), which it wraps
+    # (a start in 2300 found the first message): after, and before, every message.
+    far = reader(source, server.url, names.stream, name=f"{names.prefix}-far").load()
+    assert far.where("published_at >= '2300-01-01'").count() == 0
+    assert far.where("published_at < '1600-01-01'").count() == 0
+    assert far.where("published_at > '1600-01-01'").count() == 1000
 
 
 def test_seq_and_subject_predicates_are_pushed(source, js, names, monitored):
