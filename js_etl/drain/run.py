@@ -62,6 +62,7 @@ from js_etl.drain.rounds import (
     why_nothing_fetched,
 )
 from js_etl.drain.writers import Commit, WriteContext, Writer, choose_writer
+from js_etl.durable.cursor import refuse_marked
 from js_etl.durable.lease import ConsumerLease
 from js_etl.durable.pin import GroupPin
 from js_etl.durable.policy import DEFAULT_ACK_WAIT, drainable_consumer
@@ -217,6 +218,7 @@ class Drain:
                 break
             with self.report.phase("plan"):
                 info = self._consumer_info(js)
+            refuse_marked(info)  # a query claimed it since: it would move it past this run
             if info.num_pending == 0 and info.num_ack_pending == 0:
                 report.stopped_because = StopReason.DRAINED
                 break

@@ -8,10 +8,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from js_etl.durable.cursor import MARK, marked
 from js_etl.durable.policy import consumer_add_command_at, source_stream_info
 from js_etl.errors import PurgedRangeError, RangeError, RewindUnsupportedError, RunRefusedError
 from js_etl.jetstream.api import ConsumerConfig, ConsumerInfo, StreamInfo
-from js_etl.jetstream.errors import BadRequestError, ConsumerNotFoundError, NatsUnavailableError
+from js_etl.jetstream.errors import (
+    BadRequestError,
+    ConsumerConfigError,
+    ConsumerNotFoundError,
+    NatsUnavailableError,
+)
 
 if TYPE_CHECKING:
     from js_etl.config import JobConfig
@@ -75,6 +81,11 @@ def plan_rewind(js: JetStreamSession, config: JobConfig, to_seq: int) -> RewindP
         raise PurgedRangeError(f"seq {to_seq} is no longer in stream {s.stream} (purged or "
                                f"expired): the first available is seq {first}; rewind to "
                                f"--to-seq {first} or later")
+    if marked(info.config.metadata):
+        raise ConsumerConfigError(
+            f"consumer {s.stream}/{s.consumer} follows a Structured Streaming query "
+            f"(commit_consumer; metadata {MARK}): the query reads by its checkpoint, not through "
+            "the consumer, so a rewind would move nothing the query reads")
     if info.num_ack_pending:
         raise RunRefusedError(
             f"consumer {s.stream}/{s.consumer} has {info.num_ack_pending} deliveries in flight: "

@@ -41,7 +41,6 @@ from js_etl.errors import ConfigError, PurgedRangeError
 from js_etl.instant import format_instant
 from js_etl.jetstream import ConnectionOptions, JetStreamSession, StreamInfo
 from js_etl.jetstream.admin import first_message_at_or_after
-from js_etl.jetstream.errors import ConsumerNotFoundError
 from js_etl.source.datasource import Pushed, ReadPlan, read_partition
 from js_etl.source.options import SourceOptions
 from js_etl.source.read_range import split_range
@@ -146,7 +145,8 @@ class NatsJetStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
         """The sink committed everything before ``end``: move ``commit_consumer`` there."""
         consumer = self.parsed.streaming.commit_consumer
         if consumer is not None:
-            move_consumer_on(self._session(), self.plan.stream, consumer, self._seq(end))
+            move_consumer_on(self._session(), self.plan.stream, consumer, self._seq(end),
+                             self.parsed.streaming.lease_bucket)
 
     def stop(self) -> None:
         if self._js is not None:
@@ -200,22 +200,20 @@ class NatsJetStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
         return int(offset["seq"])
 
 
-def move_consumer(options: ConnectionOptions, stream: str, consumer: str, seq: int) -> None:
+def move_consumer(options: ConnectionOptions, stream: str, consumer: str, seq: int,
+                  lease_bucket: str) -> None:
     """Move durable ``consumer`` so its next delivery is ``seq`` (what a query committed)."""
     with JetStreamSession(options) as js:
-        move_consumer_on(js, stream, consumer, seq)
+        move_consumer_on(js, stream, consumer, seq, lease_bucket)
 
 
-def move_consumer_on(js: JetStreamSession, stream: str, consumer: str, seq: int) -> None:
-    """:func:`move_consumer` on an open session. Never backwards: a consumer already past
-    ``seq`` stays (a consumer reset would deliver again what it delivered). The query claimed
-    the consumer when it started (:mod:`js_etl.durable.cursor`)."""
-    try:
-        info = js.consumer_info(stream, consumer)
-    except ConsumerNotFoundError:
-        raise ConfigError(f"commit_consumer: consumer {consumer!r} not found on stream "
-                          f"{stream}") from None
-    if info.delivered.stream_seq + 1 < seq:
+def move_consumer_on(js: JetStreamSession, stream: str, consumer: str, seq: int,
+                     lease_bucket: str) -> None:
+    """:func:`move_consumer` on an open session, the consumer claimed again first (a reader or
+    a drain that appeared since is refused, :mod:`js_etl.durable.cursor`). Never backwards: a
+    consumer already past ``seq`` stays (a consumer reset would deliver again what it
+    delivered)."""
+    if claim_cursor(js, stream, consumer, lease_bucket).delivered.stream_seq + 1 < seq:
         js.run(js.admin.reset_consumer(stream, consumer, seq))
 
 

@@ -34,6 +34,7 @@ from js_etl.drain.run import run_drain
 from js_etl.drain.writers import WriteContext
 from js_etl.drain.writers.spark import SparkWriter
 from js_etl.durable import owner as owner_module
+from js_etl.durable.cursor import MARK
 from js_etl.durable.lease import lease_key
 from js_etl.durable.owner import LockOwner, ProcessId
 from js_etl.errors import RunRefusedError, TerminalError
@@ -374,6 +375,27 @@ def test_lock_heartbeat_keeps_a_long_held_lock_live(spark, tmp_path, monkeypatch
     finally:
         holder.release()
     assert not path.exists()
+
+
+def test_a_run_whose_consumer_a_query_claimed_stops_before_its_next_round(
+        spark, js, names, nats_server, tmp_path):
+    """A Structured Streaming query that claimed the consumer during the run — its lease read in
+    another bucket than the drain's, so the drain's lease did not stop it — moves it past what
+    the run has not read: the run stops before its next round, what it committed acked."""
+    messages, _good, _bad = events(names, 300)
+    setup_stream(js, names, messages, max_ack_pending=100)
+    table = tmp_path / "table"
+
+    def claimed(report: Any) -> None:
+        js.run(js.admin.update_consumer_metadata(names.stream, names.consumer,
+                                                 {MARK: "a query"}))
+
+    with pytest.raises(ConsumerConfigError, match="claimed by a Structured Streaming query"):
+        run_drain(spark, config_for(names, nats_server.url, table),
+                  progress=AfterEachRound(claimed))
+    assert spark.read.format("delta").load(str(table)).count() == 100  # round 2 never ran
+    info = js.consumer_info(names.stream, names.consumer)
+    assert (info.num_ack_pending, info.num_pending) == (0, 200)
 
 
 def test_run_that_lost_its_lock_stops_before_committing(spark, js, names, nats_server, tmp_path):

@@ -109,3 +109,45 @@ def test_a_drain_starting_while_a_query_marks_its_consumer_keeps_it(
         assert MARK not in metadata(js, names)
     finally:
         lease.release()
+
+
+def test_a_reader_or_a_drain_that_came_after_the_claim_stops_the_querys_next_move(
+        ten, js, names, nats_server, nats_options):
+    """The query claims its consumer again before every move: a consumer recreated (or its
+    config re-applied) without the mark and read by a drain meanwhile, or one whose mark was
+    taken back while a drain took its lease, is not moved past what that drain has not read."""
+    reader = follow(nats_server.url, names.stream, names.consumer)
+    try:
+        js.run(js.admin.delete_consumer(names.stream, names.consumer))
+        consumer(js, names.stream, names.consumer)  # the same name, unmarked
+        taken = js.pull(js.puller(names.stream, names.consumer), 2)  # a drain's first round
+        ack(js, [m.reply for m in taken.messages])
+        with pytest.raises(ConfigError, match="has delivered messages to a reader"):
+            reader.commit({"stream": names.stream, "seq": 8})
+        assert js.consumer_info(names.stream, names.consumer).delivered.stream_seq == 2
+
+        js.run(js.admin.delete_consumer(names.stream, names.consumer))
+        consumer(js, names.stream, names.consumer)
+        lease = ConsumerLease(nats_options, names.stream, names.consumer, uuid.uuid4().hex,
+                              target="/t", bucket="js-etl-leases")
+        with lease:  # a drain holds it and has not pulled yet
+            with pytest.raises(RunRefusedError, match="another run holds this consumer"):
+                reader.commit({"stream": names.stream, "seq": 8})
+        info = js.consumer_info(names.stream, names.consumer)
+        assert MARK not in info.config.metadata and info.delivered.stream_seq == 0
+    finally:
+        reader.stop()
+
+
+def test_a_push_consumer_is_refused_and_a_marked_one_is_not_rewound(
+        ten, js, names, nats_server, tmp_path):
+    from js_etl.durable.rewind import plan_rewind
+
+    consumer(js, names.stream, f"{names.consumer}_push", deliver_subject=f"{names.prefix}push")
+    with pytest.raises(ConfigError, match="is a push consumer"):
+        follow(nats_server.url, names.stream, f"{names.consumer}_push")
+
+    follow(nats_server.url, names.stream, names.consumer).stop()
+    config = config_for(names, nats_server.url, tmp_path / "table")
+    with pytest.raises(ConsumerConfigError, match="follows a Structured Streaming query"):
+        plan_rewind(js, config, 1)
