@@ -54,15 +54,16 @@ SPARK_MODE = os.environ.get("JS_ETL_TEST_SPARK", "classic")
 # (--dist loadgroup, collection order) one worker ran test_cli.py's two spark-submit tests
 # (59 s) at the end while the other sat idle, its tests summing to 747 s against 806 s; with
 # this order the two workers' sums differed by 6 s (657 and 663). The list is by each file's
-# summed durations in the first run, longest first (the Spark-cluster test is one test of 209 s).
-_LONG_FIRST = ("airflow/test_airflow_packages.py", "cluster/test_spark_cluster.py",
-               "airflow/test_airflow_yarn.py", "test_spark_connect.py",
-               "jetstream/test_nats_py_range.py",
-               "drain/test_faults.py",
-               "airflow/test_airflow_operator.py", "drain/test_exactly_once.py",
-               "backfill/test_backfill.py", "test_cli.py", "drain/test_fault_schedules.py",
-               "cluster/test_cluster_drain.py", "drain/test_drain.py", "tools/test_bench.py",
-               "tools/test_wheel.py", "airflow/test_airflow_queues.py")
+# durations in a clean-clone run (2026-11-29), by the file's longest test, longest first (the
+# Spark Connect leg and the pyspark-range packages test are single tests of minutes).
+_LONG_FIRST = ("test_spark_connect.py", "airflow/test_airflow_packages.py",
+               "cluster/test_spark_cluster.py", "airflow/test_airflow_yarn.py",
+               "streaming/test_stream_job.py", "drain/test_fault_schedules.py",
+               "jetstream/test_nats_py_range.py", "test_readme.py", "tools/test_bench.py",
+               "airflow/test_airflow_operator.py", "drain/test_object_storage.py",
+               "drain/test_exactly_once.py", "airflow/test_airflow_queues.py",
+               "backfill/test_backfill.py", "drain/test_columnar.py", "drain/test_faults.py",
+               "tools/test_wheel.py", "drain/test_object_storage_faults.py")
 
 
 def pytest_configure(config: pytest.Config) -> None:
