@@ -6,9 +6,9 @@
 * :func:`parse_instant` / :func:`format_instant`: what a user types (``--from-time``), as exact
   integer nanoseconds since the epoch; RFC 3339 / ISO 8601, lenient about the form. What it
   formats, the server parses (``STREAM.MSG.GET`` with ``start_time``). The server compares
-  times as 64-bit nanoseconds since the epoch and wraps outside them (a ``start_time`` in 2300
-  found the stream's first message), so an instant outside :data:`NS_MIN`..:data:`NS_MAX` is
-  refused, and a Spark filter's is clamped to them (:func:`clamp_ns`).
+  times as 64-bit nanoseconds since the epoch and wraps outside them, so an instant outside
+  :data:`NS_MIN`..:data:`NS_MAX` is refused, and a Spark filter's is clamped to them
+  (:func:`clamp_ns`).
 """
 
 from __future__ import annotations

@@ -52,6 +52,7 @@ DEFAULT_LEASE_BUCKET = "js-etl-leases"
 LEASE_BUCKET = pattern(r"[A-Za-z0-9_-]{1,64}",
                        "a key-value bucket name matching ^[A-Za-z0-9_-]{1,64}$")
 
+
 class _Section:
     """Runs every field's kind, then the section's cross-field rules, on construction."""
 

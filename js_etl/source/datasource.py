@@ -349,8 +349,6 @@ def _ns(moment: datetime, later: int = 0) -> int:
     return min(NS_MAX, clamp_ns(moment.astimezone(UTC)) + later)
 
 
-
-
 def _narrowed(plan: ReadPlan) -> ReadPlan:
     """The plan's range narrowed by what was pushed: sequences directly, times through
     ``STREAM.MSG.GET`` (the first message stored at or after a time), subjects as the
