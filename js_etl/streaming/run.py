@@ -125,24 +125,32 @@ def _one_line(checkpoint: str) -> Iterator[None]:
         error = load_error(e)
         if error is not None:
             raise error from None
-        if _another_run_has_the_checkpoint(str(e), checkpoint):
+        text = str(e)
+        if _another_run_has_the_checkpoint(text, checkpoint):
+            first = ("STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY" in text
+                     and " (if no other run is at work, a first batch that never logged its "
+                     "offsets left files there: delete the checkpoint, nothing was committed "
+                     "through it)")
             raise RunRefusedError(
                 f"another run of this stream job is writing its checkpoint {checkpoint}: this "
                 "run stopped (no batch is written twice); the next run continues from the "
-                "checkpoint") from None
+                f"checkpoint{first or ''}") from None
         raise
 
 
 def _another_run_has_the_checkpoint(text: str, checkpoint: str) -> bool:
     """Spark's words when two queries write one checkpoint (spark 4.2's error conditions): the
     second to log a batch's offsets or commit, or to create the checkpoint, finds the file there
-    — CONCURRENT_STREAM_LOG_UPDATE, or _LEGACY_ERROR_TEMP_2207 ("Multiple streaming queries are
-    concurrently using <path>") when the rename of the log file lost the race."""
+    — CONCURRENT_STREAM_LOG_UPDATE; _LEGACY_ERROR_TEMP_2207 ("Multiple streaming queries are
+    concurrently using <path>") when the rename of the log file lost the race;
+    STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY when it started as a new query and found the
+    other's first offsets by the time it checked the checkpoint was empty."""
     if "CONCURRENT_STREAM_LOG_UPDATE" in text:
         return True
     return checkpoint.rstrip("/") in text and (
         "Multiple streaming queries are concurrently using" in text
-        or "FileAlreadyExistsException" in text)
+        or "FileAlreadyExistsException" in text
+        or "STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY" in text)
 
 
 class BatchWriter:

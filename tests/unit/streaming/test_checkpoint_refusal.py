@@ -18,6 +18,9 @@ CHECKPOINT = "/data/checkpoints/orders"
     f"streaming queries are concurrently using file:{CHECKPOINT}/offsets. SQLSTATE: XXKST",
     "org.apache.hadoop.fs.FileAlreadyExistsException: Rename destination "
     f"file:{CHECKPOINT}/commits/3 already exists.",
+    "[STREAM_FAILED] Query [id = 3630, runId = e2d8] terminated with exception: "
+    f"[STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY] The checkpoint location file:{CHECKPOINT}/"
+    "offsets should be empty on batch 0",
 ])
 def test_another_run_on_the_checkpoint_is_a_refusal(text):
     with pytest.raises(RunRefusedError, match=f"another run .* checkpoint {CHECKPOINT}/:"):
