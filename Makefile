@@ -18,9 +18,14 @@ setup: $(STAMP)
 	$(BIN)/python -m js_etl.spark.jars "$(JS_ETL_JARS_DIR)" >/dev/null
 
 # uv (pinned in the dev extra too) installs what pip would, from its cache and in parallel.
+# pyspark first, by pip: PyPI has it as an sdist only, which pip builds once into its wheel cache
+# and uv would build again on every clean install, its cache growing each time. Its version is
+# pyproject.toml's pin of pyspark-client, kept identical to pyspark.
+PYSPARK := $(shell sed -n 's/^ *"pyspark-client==\([0-9.]*\)",.*/\1/p' pyproject.toml)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip 'uv==0.13.9'
+	$(BIN)/python -m pip install -q 'pyspark==$(PYSPARK)'
 	$(BIN)/uv pip install -q --python $(BIN)/python -e '.[dev,airflow,docs]'
 	touch $@
 

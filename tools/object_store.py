@@ -75,7 +75,10 @@ class LocalS3Server:
             "metricsPort")}
         cmd = [find_weed(), "server", "-s3", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                f"-dir={self.data_dir}", f"-s3.port={self.port}", f"-s3.config={identities}",
-               "-master.volumeSizeLimitMB=64", "-volume.max=0",
+               # Each bucket is a collection that grows 7 volumes at once; "-volume.max=0"
+               # derives the limit from the disk's free space (64 MB a volume, not preallocated),
+               # and on a fuller disk a test session's buckets ran out of volumes (500s).
+               "-master.volumeSizeLimitMB=64", "-volume.max=1000",
                *(f"-{name}={port}" for name, port in ports.items())]
         log = open(self.data_dir / "weed.log", "ab")
         try:
