@@ -16,7 +16,7 @@ position). What this relies on for exactly-once with a sink such as Delta:
 the durable consumer named by ``commit_consumer`` (if any) to ``end`` with a consumer reset, so
 its ``num_pending`` counts what the query has not committed yet; never ahead of the sink, never
 backwards. The query itself never reads through that consumer, and claims it when it starts
-(:mod:`js_etl.durable.cursor`): one nothing else reads from, or refused.
+and before every move (:mod:`js_etl.durable.cursor`): one nothing else reads from, or refused.
 """
 
 from __future__ import annotations

@@ -127,14 +127,14 @@ def _one_line(checkpoint: str) -> Iterator[None]:
             raise error from None
         text = str(e)
         if _another_run_has_the_checkpoint(text, checkpoint):
-            first = ("STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY" in text
-                     and " (if no other run is at work, a first batch that never logged its "
-                     "offsets left files there: delete the checkpoint, nothing was committed "
-                     "through it)")
+            leftovers = (" (if no other run is at work, a first batch that never logged its "
+                         "offsets left files there: delete the checkpoint, nothing was "
+                         "committed through it)"
+                         if "STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY" in text else "")
             raise RunRefusedError(
                 f"another run of this stream job is writing its checkpoint {checkpoint}: this "
                 "run stopped (no batch is written twice); the next run continues from the "
-                f"checkpoint{first or ''}") from None
+                f"checkpoint{leftovers}") from None
         raise
 
 
