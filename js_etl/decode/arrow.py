@@ -336,9 +336,10 @@ def _convert(value: Any, dt: DataType) -> Any:
             raise _Mismatch
         return [_convert(v, dt.elementType) for v in value]
     if isinstance(dt, T.MapType):
-        if not isinstance(value, dict) or not isinstance(dt.keyType, T.StringType):
+        if not isinstance(value, _Object) or not isinstance(dt.keyType, T.StringType):
             raise _Mismatch
-        return [(k, _convert(v, dt.valueType)) for k, v in value.items()]
+        # Every pair, a repeated key too: Spark's map holds each (and its lookup finds the first).
+        return [(k, _convert(v, dt.valueType)) for k, v in value.pairs]
     if isinstance(dt, T.StringType):
         # Like Spark's from_json: a non-string value becomes its JSON text (non-ASCII as is), and
         # a lone surrogate (an escape like \ud800) becomes "?".

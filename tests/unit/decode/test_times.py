@@ -1,8 +1,7 @@
 """js_etl.decode.times against what Spark 4.2's from_json gave for the same JSON values (a UTC
 session, the drain's options; the one-off comparison behind docs/design/json-decoding.md).
-tests/drain/test_columnar.py::test_both_writers_decode_dates_and_timestamps_alike compares
-DATE and TIMESTAMP with Spark itself; TIMESTAMP_NTZ keeps Spark's writer, so its answers are
-pinned here."""
+tests/decode/test_decoder_parity.py::test_dates_and_timestamps_decode_alike compares the
+three types with Spark itself; the values Python's datetime cannot hold are pinned here."""
 
 from __future__ import annotations
 
