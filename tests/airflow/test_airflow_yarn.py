@@ -1,11 +1,15 @@
-"""The operator in cluster deploy mode on a real YARN (Hadoop's MiniYARNCluster, tools/yarn.py):
-the driver runs in a YARN container, the NATS token reaches it as a file, the run report comes
-back through report_dir into XCom, and the token is on no command line — neither in the process
-table while the task runs nor in the launch context of any of the application's containers."""
+"""The operator in cluster deploy mode on a real YARN (Hadoop's MiniYARNCluster, tools/yarn.py),
+as docs/airflow.md's "Cluster deploy mode" shows it: the driver runs in a YARN container, the
+NATS token reaches it as a file, the run report comes back through report_dir into XCom, and the
+token is on no command line — neither in the process table while the task runs nor in the
+launch context of any of the application's containers."""
 
 from __future__ import annotations
 
+import json
+import re
 import sys
+import textwrap
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +17,7 @@ from pathlib import Path
 import psutil
 import pyspark
 import pytest
-from airflow_support import TOKEN, load_dag, task_states, write_dag, xcom
+from airflow_support import REPO, TOKEN, load_dag, task_states, write_dag, xcom
 
 from js_etl.demo.publish import publish, wait_for_messages
 from tools.yarn import MiniYarn
@@ -21,6 +25,14 @@ from tools.yarn import MiniYarn
 pytestmark = pytest.mark.filterwarnings("ignore::starlette.exceptions.StarletteDeprecationWarning")
 
 SPARK_HOME = Path(pyspark.__file__).parent
+
+
+def page_example() -> str:
+    """The operator of docs/airflow.md's "Cluster deploy mode", as written."""
+    page = (REPO / "docs" / "airflow.md").read_text()
+    section = page.split("\n### Cluster deploy mode\n", 1)[1].split("\n## ", 1)[0]
+    (example,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    return example
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +51,8 @@ def command_lines_holding(secret: str, stop: threading.Event, seen: list[str]) -
         stop.wait(0.1)
 
 
-def test_a_dag_drains_in_cluster_deploy_mode_on_yarn(mini_yarn, tjs, names, tmp_path,
-                                                     monkeypatch):
+def test_a_dag_drains_in_cluster_deploy_mode_on_yarn(mini_yarn, tjs, token_server, names,
+                                                     tmp_path, monkeypatch):
     # The Airflow worker's environment: where its YARN is.
     for key, value in mini_yarn.environment().items():
         monkeypatch.setenv(key, value)
@@ -54,22 +66,32 @@ def test_a_dag_drains_in_cluster_deploy_mode_on_yarn(mini_yarn, tjs, names, tmp_
         f"source: {{stream: {names.stream}, consumer: {names.consumer}, create_consumer: true}}\n"
         "fetch: {partitions: 2, batch: 100, pull_timeout: 2}\n"
         f"target: {{path: '{table}'}}\n")
-    conf = {
-        **mini_yarn.spark_conf(),
-        "spark.yarn.jars": f"local:{SPARK_HOME}/jars/*",  # on every node: no upload
-        "spark.yarn.appMasterEnv.PYSPARK_PYTHON": sys.executable,
-        "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
-        "spark.driver.memory": "768m", "spark.executor.memory": "512m",
-        "spark.executor.instances": "1", "spark.executor.cores": "2",
-        "spark.sql.shuffle.partitions": "2", "spark.databricks.delta.snapshotPartitions": "2",
-    }
+    # What the page leaves to the cluster's own configuration (spark-defaults.conf): where
+    # this YARN stages and its addresses, Spark's jars on every node, the test's sizes.
+    conf_dir = tmp_path / "spark-conf"
+    conf_dir.mkdir()
+    defaults = {**mini_yarn.spark_conf(),
+                "spark.yarn.jars": f"local:{SPARK_HOME}/jars/*",
+                "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
+                "spark.driver.memory": "768m", "spark.executor.memory": "512m",
+                "spark.executor.instances": "1", "spark.executor.cores": "2",
+                "spark.sql.shuffle.partitions": "2",
+                "spark.databricks.delta.snapshotPartitions": "2"}
+    (conf_dir / "spark-defaults.conf").write_text(
+        "".join(f"{k} {v}\n" for k, v in defaults.items()))
+    monkeypatch.setenv("SPARK_CONF_DIR", str(conf_dir))
+    # The page's operator as written, but for this machine's paths (no packed environment:
+    # this Python is on every node) and its default NATS connection.
+    monkeypatch.setenv("AIRFLOW_CONN_NATS_DEFAULT", json.dumps(
+        {"conn_type": "nats", "host": "127.0.0.1", "port": token_server.port,
+         "extra": {"token": TOKEN, "connect_timeout": 2}}))
+    example = (page_example().replace("/opt/airflow/jobs/orders.yaml", str(config))
+               .replace("s3://my-bucket/js-etl/reports", f"file://{reports}")
+               .replace("./environment/bin/python", sys.executable))
     dag = load_dag(write_dag(f"yarn_{names.stream}", f"""
         with DAG(DAG_ID, schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
                  catchup=False) as dag:
-            JetStreamToDeltaOperator(
-                task_id="drain", config_path={str(config)!r}, nats_conn_id="nats_test",
-                master="yarn", spark_submit_kwargs={{"deploy_mode": "cluster"}},
-                report_dir={f"file://{reports}"!r}, conf={conf!r})
+{textwrap.indent(example, " " * 12)}
         """))
     stop, seen = threading.Event(), []
     watcher = threading.Thread(target=command_lines_holding, args=(TOKEN, stop, seen))
@@ -88,6 +110,9 @@ def test_a_dag_drains_in_cluster_deploy_mode_on_yarn(mini_yarn, tjs, names, tmp_
     assert app["finalStatus"] == "SUCCEEDED"
     scripts = mini_yarn.launch_scripts(app["id"])
     assert any("org.apache.spark.deploy.yarn.ApplicationMaster" in s for s in scripts)
+    # The page's conf and the cluster's spark-defaults.conf both reached the driver's container.
+    assert any(f'PYSPARK_PYTHON="{sys.executable}"' in s and "SPARK_LOCAL_IP" in s
+               and "deploy.yarn.ApplicationMaster" in s for s in scripts)
     assert not [s for s in scripts if TOKEN in s]
     assert seen == []
 
