@@ -9,7 +9,10 @@ How the pieces meet:
 * NATS: the ``nats`` connection, read by :class:`~js_etl.airflow.hooks.JetStreamHook` only, is
   handed to the job as environment variables of the spark-submit process (secrets as values of
   variables the config names) — never as ``--conf`` or ``--set`` on the command line.
-* Spark: the provider's ``SparkSubmitHook`` (``spark_conn_id``; its master, or ``master=``).
+* Spark: the provider's ``SparkSubmitHook`` (``spark_conn_id``; its master, or ``master=``);
+  or, where ``SPARK_REMOTE`` or the config's ``spark.remote`` names a Spark Connect server, no
+  spark-submit: the job runs on this worker as that server's client, a Python process without
+  a JVM (:class:`_ConnectClientJob`).
 * Result: the job writes its run report to ``--report-file``; the operator returns it
   (XCom ``return_value``). A failed job fails the task with the job's own one-line reason (the
   last ``js-etl: ...`` line of its output); exit code 2 (fix something first) fails without
@@ -22,6 +25,8 @@ import contextlib
 import importlib.util
 import json
 import os
+import signal
+import subprocess
 import sys
 import tempfile
 import uuid
@@ -69,6 +74,24 @@ _REPORT_PREFIX = '{"job":'
 SPARK_LOG_LEVELS = ("ALL", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF", "TRACE")
 
 
+class _JobOutput:
+    """What the job's output says: its failure reason, the last line starting ``js-etl: ``, and
+    its report, the last line starting ``{"job":``. Neither need be the very last line (py4j
+    and Spark's shutdown hooks log at exit); under spark-submit the job's stderr is merged into
+    its stdout."""
+
+    def __init__(self) -> None:
+        self.job_reason: str | None = None
+        self.report_line: str | None = None
+
+    def see(self, raw: object) -> None:
+        line = str(raw).strip()
+        if line.startswith(_REASON_PREFIX):
+            self.job_reason = line
+        elif line.startswith(_REPORT_PREFIX):
+            self.report_line = line
+
+
 class _JobSubmitHook(SparkSubmitHook):
     """``SparkSubmitHook`` plus three things the job needs (written against provider 6.3):
 
@@ -83,8 +106,7 @@ class _JobSubmitHook(SparkSubmitHook):
                  **kwargs: Any) -> None:
         self._process_env = dict(process_env)
         self._master_override = master
-        self.job_reason: str | None = None
-        self.report_line: str | None = None
+        self.output = _JobOutput()
         super().__init__(**kwargs)
 
     @property
@@ -119,16 +141,42 @@ class _JobSubmitHook(SparkSubmitHook):
         super()._process_spark_submit_log(self._watch(itr))
 
     def _watch(self, itr: Iterator[Any]) -> Iterator[Any]:
-        # Under spark-submit the job's stderr is merged into stdout: its failure reason is the
-        # last line starting "js-etl: ", its report the last line starting '{"job":'. Neither
-        # need be the very last line (py4j and Spark's shutdown hooks log at exit).
         for raw in itr:
-            line = str(raw).strip()
-            if line.startswith(_REASON_PREFIX):
-                self.job_reason = line
-            elif line.startswith(_REPORT_PREFIX):
-                self.report_line = line
+            self.output.see(raw)
             yield raw
+
+
+class _ConnectClientJob:
+    """The job script run by this worker's Python as a Spark Connect client (the job's session
+    is a client where ``SPARK_REMOTE`` or ``spark.remote`` names a server,
+    :func:`js_etl.spark.session.job_session`): no spark-submit and no JVM here, the Spark work
+    on the server. Its output goes to the task log line by line, watched as spark-submit's is."""
+
+    def __init__(self, application: str, env: Mapping[str, str]) -> None:
+        self.application = application
+        self.env = dict(env)
+        self.output = _JobOutput()
+        self.returncode: int | None = None
+        self._process: subprocess.Popen[str] | None = None
+
+    def run(self, args: Sequence[str], log: Any) -> None:
+        """Run the job to its end; raise AirflowException when it exits non-zero."""
+        with subprocess.Popen([sys.executable, self.application, *args], env=self.env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              bufsize=1) as process:
+            self._process = process
+            assert process.stdout is not None
+            for line in process.stdout:
+                self.output.see(line)
+                log.info("%s", line.rstrip("\n"))
+        self.returncode = process.returncode
+        if process.returncode:
+            raise AirflowException(f"the job exited with code {process.returncode}")
+
+    def on_kill(self) -> None:
+        # SIGTERM: the job finishes its round, releases the consumer and exits 75.
+        if self._process is not None and self._process.poll() is None:
+            self._process.send_signal(signal.SIGTERM)
 
 
 def default_spark_binary() -> str:
@@ -168,7 +216,11 @@ class RunReportLink(BaseOperatorLink):
 
 
 class JetStreamToDeltaOperator(BaseOperator):
-    """Drain a JetStream durable consumer into a Delta table with spark-submit.
+    """Drain a JetStream durable consumer into a Delta table with spark-submit, or as a Spark
+    Connect client where ``SPARK_REMOTE`` (the worker's environment or ``env_vars``) or the
+    config's ``spark.remote`` names a server: then the job runs on this worker without
+    spark-submit or a JVM, and ``master``, ``conf``, ``jars``, ``spark_binary`` and
+    ``spark_submit_kwargs`` do not apply (Spark's settings are the server's).
 
     :param config_path: the job's YAML config (absolute path; templated).
     :param overrides: config overrides passed as ``--set key=value``: a dict
@@ -194,8 +246,8 @@ class JetStreamToDeltaOperator(BaseOperator):
     :param application: the job script; default from ``job``, the packaged
         ``js_etl/jobs/<job>.py`` of the installed js-etl.
     :param spark_submit_kwargs: anything else for ``SparkSubmitHook`` (``driver_memory``,
-        ``executor_memory``, ``py_files``, ``deploy_mode`` …). The report file and the NATS
-        environment need client deploy mode (the default); cluster mode fails the task.
+        ``executor_memory``, ``py_files``, ``deploy_mode`` …). ``deploy_mode="cluster"`` needs
+        ``report_dir``.
 
     The Delta table is the task's outlet. The config is read when the task runs, never when the
     DAG is parsed, so unless ``outlets`` is given the outlet is an ``AssetAlias`` named after the
@@ -308,7 +360,7 @@ class JetStreamToDeltaOperator(BaseOperator):
         self.skip_when_empty = bool(skip_when_empty)
         self.report_dir = report_dir
         self.report_conn_id = report_conn_id
-        self._hook: _JobSubmitHook | None = None
+        self._running: _JobSubmitHook | _ConnectClientJob | None = None  # for on_kill
         self._config: JobConfig | None = None  # the run's config, loaded by execute
         self._report: dict[str, Any] | None = None
 
@@ -338,12 +390,16 @@ class JetStreamToDeltaOperator(BaseOperator):
             self._report = report
             return report
         application = self._application()
-        ti = context["ti"]
-        name = f"js-etl-{self.job}-{ti.dag_id}.{ti.task_id}"
-        hook = self._submit_hook(job_env, user_env, name=name, conf=self._spark_conf(context),
-                                 config=config)
         with tempfile.TemporaryDirectory(prefix="js-etl-") as local:
-            report = self._run(hook, application, config_path, overrides, Path(local))
+            if environ.get("SPARK_REMOTE") or config.spark.remote:
+                report = self._run_connect_client(application, environ, config_path, overrides,
+                                                  Path(local))
+            else:
+                ti = context["ti"]
+                hook = self._submit_hook(job_env, user_env,
+                                         name=f"js-etl-{self.job}-{ti.dag_id}.{ti.task_id}",
+                                         conf=self._spark_conf(context), config=config)
+                report = self._run(hook, application, config_path, overrides, Path(local))
         self.log.info("js-etl %s into %s:\n%s", self.job, report.get("target"),
                       summary_table(report))
         self._record_asset_events(context, config, report)
@@ -446,20 +502,45 @@ class JetStreamToDeltaOperator(BaseOperator):
             report_at = str(local / "report.json")
             args = self._job_arguments(config_path, overrides, report_at)
         hook._application_args = args
-        self._hook = hook
+        self._running = hook
         try:
             try:
                 hook.submit(application)
             except AirflowException as e:
                 # The provider's error repeats the command and the output already logged
                 # above: the task's failure is the job's one line (or names that output).
-                raise self._failure(hook, e, _read_outcome(report_at, self.report_conn_id)
-                                    ) from None
-            return _read_report(_read_outcome(report_at, self.report_conn_id), hook.report_line)
+                raise self._failure("spark-submit", hook.returncode, hook.output, e,
+                                    _read_outcome(report_at, self.report_conn_id)) from None
+            return _read_report(_read_outcome(report_at, self.report_conn_id),
+                                hook.output.report_line)
         finally:
-            self._hook = None
+            self._running = None
             if cluster:  # client mode's goes with ``local``
                 _remove_outcome(report_at, self.report_conn_id)
+
+    def _run_connect_client(self, application: str, environ: Mapping[str, str],
+                            config_path: str, overrides: Sequence[str], local: Path
+                            ) -> dict[str, Any]:
+        """Run the job as a Spark Connect client on this worker (:class:`_ConnectClientJob`)
+        with the environment the config was checked with, and read its report, a file in
+        ``local``. Spark's settings are the server's: no spark-submit argument applies."""
+        if self.spark_submit_kwargs.get("deploy_mode") == "cluster":
+            raise AirflowFailException(
+                "deploy_mode='cluster' with a Spark Connect server (SPARK_REMOTE or "
+                "spark.remote): the job runs as that server's client on this worker, with "
+                "nothing to deploy; remove one of the two")
+        report_at = str(local / "report.json")
+        job = _ConnectClientJob(application, environ)
+        self._running = job
+        try:
+            try:
+                job.run(self._job_arguments(config_path, overrides, report_at), self.log)
+            except AirflowException as e:
+                raise self._failure("the job", job.returncode, job.output, e,
+                                    _read_outcome(report_at, None)) from None
+            return _read_report(_read_outcome(report_at, None), job.output.report_line)
+        finally:
+            self._running = None
 
     def _submit_hook(self, job_env: Mapping[str, str], user_env: Mapping[str, str], *,
                      name: str, conf: Mapping[str, Any] | None = None,
@@ -489,8 +570,8 @@ class JetStreamToDeltaOperator(BaseOperator):
         return hook
 
     def on_kill(self) -> None:
-        if self._hook is not None:
-            self._hook.on_kill()
+        if self._running is not None:
+            self._running.on_kill()
 
     # -- helpers -------------------------------------------------------------------------------
     def _application(self) -> str:
@@ -525,21 +606,21 @@ class JetStreamToDeltaOperator(BaseOperator):
         return {"jars": merged["spark.jars"], "packages": merged.get("spark.jars.packages"),
                 "exclude_packages": merged.get("spark.jars.excludes")}
 
-    def _failure(self, hook: _JobSubmitHook, error: AirflowException,
-                 outcome: dict[str, Any] | None) -> AirflowException:
-        code = hook.returncode
-        if hook.job_reason is None and outcome is not None and "error" in outcome:
+    def _failure(self, launcher: str, code: int | None, output: _JobOutput,
+                 error: AirflowException, outcome: dict[str, Any] | None) -> AirflowException:
+        reason = output.job_reason
+        if reason is None and outcome is not None and "error" in outcome:
             # A driver on the cluster: its reason came back where its report would have.
-            hook.job_reason, code = str(outcome["error"]), int(outcome["exit_code"])
-        if hook.job_reason is None:
+            reason, code = str(outcome["error"]), int(outcome["exit_code"])
+        if reason is None:
             return AirflowException(
-                f"spark-submit exited with code {code} before the js-etl job gave a reason "
-                f"(see the spark-submit output above): {error}")
+                f"{launcher} exited with code {code} before the js-etl job gave a reason "
+                f"(see its output above): {error}")
         meaning = EXIT_MEANINGS.get(code or 1, "unexpected")
         self.log.error("js-etl %s failed with exit code %s (%s)", self.job, code, meaning)
         if code == 2:
-            return AirflowFailException(hook.job_reason)
-        return AirflowException(hook.job_reason)
+            return AirflowFailException(reason)
+        return AirflowException(reason)
 
     def _record_asset_events(self, context: Context, config: JobConfig,
                              report: Mapping[str, Any]) -> None:

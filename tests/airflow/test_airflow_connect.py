@@ -1,0 +1,97 @@
+"""The operator with a Spark Connect server (a real one, tools/spark_connect.py): the job runs
+on the Airflow worker as the server's client, a Python process without spark-submit or a JVM,
+and its report, failure reason and exit code reach the task as under spark-submit."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+from airflow_support import TOKEN, failures, load_dag, task_states, write_dag, xcom
+
+from js_etl.demo.publish import publish, wait_for_messages
+from js_etl.jobs import drain as drain_job
+
+pytestmark = pytest.mark.filterwarnings("ignore::starlette.exceptions.StarletteDeprecationWarning")
+
+
+def connect_config(tmp_path: Path, names, table: Path, remote: str) -> Path:
+    config = tmp_path / "job.yaml"
+    config.write_text(
+        f"source: {{stream: {names.stream}, consumer: {names.consumer}, create_consumer: true}}\n"
+        "fetch: {partitions: 2, batch: 100, pull_timeout: 2}\n"
+        f"target: {{path: '{table}'}}\n"
+        f"spark: {{remote: '{remote}'}}\n")
+    return config
+
+
+def command_lines_naming(marker: str, stop: threading.Event, seen: set[str]) -> None:
+    """Every process's command line holding ``marker``, polled until ``stop``."""
+    while not stop.is_set():
+        for proc in psutil.process_iter(["cmdline"]):
+            line = " ".join(proc.info["cmdline"] or [])
+            if marker in line:
+                seen.add(line)
+        stop.wait(0.05)
+
+
+def drain_dag(names, config: Path):
+    return load_dag(write_dag(f"connect_{names.stream}", f"""
+        with DAG(DAG_ID, schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
+                 catchup=False) as dag:
+            JetStreamToDeltaOperator(task_id="drain", config_path={str(config)!r},
+                                     nats_conn_id="nats_test", on_failure_callback=record_failure)
+        """))
+
+
+def test_a_drain_task_runs_as_a_spark_connect_client_without_spark_submit(
+        spark_connect_server, tjs, names, tmp_path):
+    from deltalake import DeltaTable
+
+    tjs.run(tjs.admin.add_stream(names.stream, [names.subject]))
+    tjs.run(publish(tjs.conn, [(f"{names.prefix}.e", b'{"id": %d}' % i) for i in range(60)]))
+    tjs.run(wait_for_messages(tjs.conn, names.stream, 60))
+    table = tmp_path / "table"
+    config = connect_config(tmp_path, names, table, spark_connect_server.url)
+    dag = drain_dag(names, config)
+    stop, seen = threading.Event(), set()
+    watcher = threading.Thread(target=command_lines_naming, args=(str(config), stop, seen))
+    watcher.start()
+    try:
+        dag_run = dag.test()
+    finally:
+        stop.set()
+        watcher.join()
+
+    assert task_states(dag_run) == {"drain": "success"}, failures(f"connect_{names.stream}")
+    report = xcom(dag_run, "drain")
+    assert (report["messages_written"], report["pending_after"]) == (60, 0)
+    seqs = DeltaTable(str(table)).to_pyarrow_table(columns=["seq"]).column("seq").to_pylist()
+    assert sorted(seqs) == list(range(1, 61))
+    # The job's process was this Python running the job script; none was spark-submit's.
+    assert any(drain_job.__file__ in line for line in seen), seen
+    assert not [line for line in seen if "SparkSubmit" in line or "spark-submit" in line]
+    assert not [line for line in seen if TOKEN in line]
+
+
+def test_a_connect_server_nobody_serves_fails_the_task_with_the_jobs_reason(tjs, names,
+                                                                             tmp_path):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on once closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    tjs.run(tjs.admin.add_stream(names.stream, [names.subject]))
+    tjs.run(publish(tjs.conn, [(f"{names.prefix}.e", b'{"id": 1}')]))
+    tjs.run(wait_for_messages(tjs.conn, names.stream, 1))
+    config = connect_config(tmp_path, names, tmp_path / "table", f"sc://127.0.0.1:{port}")
+
+    dag_run = drain_dag(names, config).test()
+
+    assert task_states(dag_run) == {"drain": "failed"}
+    (failure,) = failures(f"connect_{names.stream}").values()
+    assert failure["type"] == "AirflowException"  # transient (exit 75): retried, if retries
+    assert failure["message"].startswith("js-etl: TransientError: ")
+    assert f"127.0.0.1:{port}" in failure["message"]
