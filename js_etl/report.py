@@ -69,9 +69,9 @@ class RunReport:
     released_at_end: int = 0
     duplicates_dropped: int = 0  # second copies of a seq fetched within one round (not written)
     already_committed: int = 0  # fetched again though a table held them: acked, not rewritten
-    # "columnar" (js_etl.drain.writers.columnar) or "spark"; "stream" for js-etl stream (its
-    # foreachBatch appends); "none" when no run was started
-    writer: str = "spark"
+    # "columnar" (js_etl.drain.writers.columnar) or "spark", chosen before a drain's first
+    # round; "stream" for js-etl stream (its foreachBatch appends); "none" when no round ran
+    writer: str = "none"
     writer_note: str | None = None  # why the Spark writer, when the columnar one was not chosen
     stopped_because: StopReason | None = None
     seconds: float = 0.0

@@ -71,5 +71,5 @@ def skipped_report(config: JobConfig) -> RunReport:
                      stream=config.source.stream, consumer=config.source.consumer,
                      target=str(target), dead_letter_target=str(dead_letters),
                      started_at=datetime.now(UTC).isoformat(timespec="seconds"),
-                     pending_after=0, ack_pending_after=0, writer="none",
+                     pending_after=0, ack_pending_after=0,
                      stopped_because=StopReason.NOTHING_PENDING)

@@ -132,7 +132,7 @@ def test_empty_consumer_ends_at_once_with_nothing_written(spark, js, names, nats
 
     report = run_drain(spark, config)
 
-    assert report.messages_written == 0 and report.rounds == 0
+    assert (report.messages_written, report.rounds, report.writer) == (0, 0, "none")
     assert report.stopped_because == "drained"
     # No Spark job was needed to learn that nothing is pending.
     assert set(tracker.getJobIdsForGroup(None)) == jobs_before
