@@ -44,6 +44,13 @@ DRAIN = (
     "tests/drain/test_faults.py::test_failed_task_attempt_is_retried_and_never_acked[fail_fetch_task]",
     "tests/drain/test_fault_schedules.py::test_fault_schedule_keeps_every_message_exactly_once",
 )
+# The streaming source's queries: AvailableNow in limited batches and resumed from its checkpoint,
+# a durable consumer following the commits (moved by the reader on the server), hostile payloads
+# as error rows. The rest of its file tests the source, whatever the session.
+STREAM = tuple(f"tests/source/test_stream.py::{name}" for name in (
+    "test_available_now_reads_what_is_there_in_limited_batches_then_resumes",
+    "test_commit_consumer_follows_what_the_sink_committed",
+    "test_hostile_payloads_become_error_rows"))
 # 209 messages (4 poison), ack_wait 3 s, 10 partitions of 20-message pulls: the first drain is
 # SIGKILLed 3.3 s after it took its lock, then clean drains until one reports drained.
 CONNECT_SCHEDULE_SEED = "8375"
@@ -64,16 +71,17 @@ def _connect_leg(server_url: str, tests: tuple[str, ...], **env: str) -> dict[st
 
 
 @pytest.mark.slow
-def test_the_source_backfill_and_drain_tests_pass_over_spark_connect(spark_connect_server):
+def test_the_source_stream_backfill_and_drain_tests_pass_over_spark_connect(spark_connect_server):
     """One leg, one client process: the data source's and the backfill's tests that use the
-    session, and the drain's exactly-once cases."""
+    session, the streaming source's queries, and the drain's exactly-once cases."""
     deselect = [a for name in BACKFILL_ONCE
                 for a in ("--deselect", f"tests/backfill/test_backfill.py::{name}")]
-    counts = _connect_leg(spark_connect_server.url, (*SOURCE_AND_BACKFILL, *deselect, *DRAIN),
+    counts = _connect_leg(spark_connect_server.url,
+                          (*SOURCE_AND_BACKFILL, *deselect, *STREAM, *DRAIN),
                           JS_ETL_SCHEDULE_SEED=CONNECT_SCHEDULE_SEED)
-    # 17 of the two files that use the session; 8 drain cases (the first-write one runs on both
-    # writers)
-    assert counts["passed"] == 17 + 8, counts
+    # 17 of the two files that use the session; 3 streaming queries; 8 drain cases (the
+    # first-write one runs on both writers)
+    assert counts["passed"] == 17 + 3 + 8, counts
 
 
 def test_a_drain_over_spark_connect_refuses_a_table_the_client_cannot_reach_in_one_line(

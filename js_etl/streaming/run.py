@@ -35,15 +35,15 @@ from typing import TYPE_CHECKING, Any
 from js_etl import faults
 from js_etl.decode.spark import with_partition_columns
 from js_etl.delta.table import CommitTag, DeltaTarget, job_tables, refuse_lossy_commits
-from js_etl.errors import JsEtlError, RunRefusedError
+from js_etl.errors import ConfigError, JsEtlError, RunRefusedError
 from js_etl.report import RunReport, StopReason
 from js_etl.schema import DEAD_LETTER_COLUMNS
 from js_etl.source import register
 from js_etl.source.datasource import NAME, load_error
 from js_etl.source.options import job_options
 from js_etl.source.stream import move_consumer
-from js_etl.spark.session import configure_s3a
-from js_etl.streaming.preflight import checkpoint_of
+from js_etl.spark.session import configure_s3a, is_connect
+from js_etl.streaming.preflight import NOT_OVER_CONNECT, checkpoint_of
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -74,6 +74,8 @@ def run_stream(spark: SparkSession, config: JobConfig, *, run_id: str | None = N
     >>> report = run_stream(spark, load_config("orders_stream.yaml"))
     >>> [batch["offsets"] for batch in report.batches], report.messages_written
     """
+    if is_connect(spark):
+        raise ConfigError(NOT_OVER_CONNECT)
     checkpoint = checkpoint_of(config)
     register(spark)
     configure_s3a(spark)

@@ -95,3 +95,21 @@ def test_a_connect_server_nobody_serves_fails_the_task_with_the_jobs_reason(tjs,
     assert failure["type"] == "AirflowException"  # transient (exit 75): retried, if retries
     assert failure["message"].startswith("js-etl: TransientError: ")
     assert f"127.0.0.1:{port}" in failure["message"]
+
+
+def test_a_stream_task_with_a_connect_server_fails_before_anything_starts(tjs, names, tmp_path):
+    config = connect_config(tmp_path, names, tmp_path / "table", "sc://127.0.0.1:15002")
+    dag = load_dag(write_dag(f"connect_stream_{names.stream}", f"""
+        with DAG(DAG_ID, schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
+                 catchup=False) as dag:
+            JetStreamToDeltaOperator(task_id="stream", job="stream", config_path={str(config)!r},
+                                     overrides={{"streaming.checkpoint": {str(tmp_path / "cp")!r}}},
+                                     nats_conn_id="nats_test", on_failure_callback=record_failure)
+        """))
+
+    dag_run = dag.test()
+
+    assert task_states(dag_run) == {"stream": "failed"}
+    (failure,) = failures(f"connect_stream_{names.stream}").values()
+    assert failure["type"] == "AirflowFailException"  # terminal: not retried
+    assert "js-etl stream does not run over Spark Connect" in failure["message"]

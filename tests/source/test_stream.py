@@ -23,8 +23,6 @@ from js_etl.source.datasource import load_error
 from js_etl.source.options import SourceOptions
 from js_etl.source.stream import NatsJetStreamStreamReader
 
-pytestmark = pytest.mark.classic_spark  # Connect: the streaming leg is not run over it yet
-
 
 @pytest.fixture(scope="module")
 def source(spark: Any) -> Any:
@@ -52,10 +50,10 @@ def available_now(df: Any, table: Path, checkpoint: Path) -> list[tuple[int, dic
     if query.exception() is not None:
         raise query.exception()
     batches = []
-    for progress in query.recentProgress:
-        end = progress["sources"][0]["endOffset"]
-        if progress["numInputRows"]:
-            batches.append((progress["numInputRows"],
+    for progress in query.recentProgress:  # by attribute: over Connect its dict is empty
+        end = progress.sources[0].endOffset
+        if progress.numInputRows:
+            batches.append((progress.numInputRows,
                             json.loads(end) if isinstance(end, str) else end))
     return batches
 

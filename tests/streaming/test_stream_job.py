@@ -103,12 +103,14 @@ def test_a_stream_run_keeps_its_table_and_checkpoint_in_s3_and_resumes_from_ther
     assert table_seqs(spark, names, f"{table}_dead_letters") == bad
 
 
-def test_a_stream_run_without_a_checkpoint_or_stream_fails_in_seconds_in_one_line(
+def test_a_stream_run_without_a_checkpoint_or_stream_or_over_connect_fails_in_one_line(
         names, nats_server, tmp_path):
     table = tmp_path / "table"
     cases = [
         ((), "streaming.checkpoint is required"),
         ((f"streaming.checkpoint={tmp_path / 'cp'}",), f"stream {names.stream!r} not found"),
+        ((f"streaming.checkpoint={tmp_path / 'cp'}", "spark.remote=sc://127.0.0.1:15002"),
+         "js-etl stream does not run over Spark Connect"),
     ]
     for extra, text in cases:
         proc = drain_process(names, nats_server.url, table, None, uuid.uuid4().hex, *extra,
