@@ -61,6 +61,9 @@ Job = Literal["drain", "backfill", "stream"]
 JOBS_DIR = Path(js_etl.jobs.__file__).resolve().parent
 JOB_SCRIPTS: dict[str, str] = {"drain": "drain.py", "backfill": "backfill.py",
                                "stream": "stream.py"}
+# What a job imports as a Spark Connect client beside js-etl's core: the client, and the job
+# extra with which it reads and commits the tables (pyproject.toml).
+CONNECT_CLIENT_MODULES = ("pyspark", "pyarrow", "pandas", "deltalake", "obstore")
 # The job's config beside a driver in cluster deploy mode (shipped with --files).
 CLUSTER_CONFIG_NAME = "js-etl-job.yaml"
 EXIT_MEANINGS = {
@@ -529,6 +532,13 @@ class JetStreamToDeltaOperator(BaseOperator):
                 "deploy_mode='cluster' with a Spark Connect server (SPARK_REMOTE or "
                 "spark.remote): the job runs as that server's client on this worker, with "
                 "nothing to deploy; remove one of the two")
+        missing = [name for name in CONNECT_CLIENT_MODULES if not _importable(name)]
+        if missing:
+            raise AirflowFailException(
+                "a Spark Connect server is named (SPARK_REMOTE or spark.remote), so the job runs "
+                "on this worker as its client, which needs pyspark (or pyspark-client) and "
+                f"js-etl's job extra here: {', '.join(missing)} cannot be imported; "
+                "pip install 'js-etl[job]' on the worker")
         report_at = str(local / "report.json")
         job = _ConnectClientJob(application, environ)
         self._running = job
@@ -644,6 +654,13 @@ class JetStreamToDeltaOperator(BaseOperator):
                 if outlet.uri != written.uri:
                     self.log.warning("the job wrote %s but the task's outlet is %s", written.uri,
                                      outlet.uri)
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ImportError:  # a finder that refuses it
+        return False
 
 
 def _lineage_option(value: bool | None, option: str) -> bool:

@@ -9,7 +9,15 @@ from pathlib import Path
 
 import psutil
 import pytest
-from airflow_support import TOKEN, failures, load_dag, task_states, write_dag, xcom
+from airflow_support import (
+    TOKEN,
+    dag_test_on_airflow_host,
+    failures,
+    load_dag,
+    task_states,
+    write_dag,
+    xcom,
+)
 
 from js_etl.demo.publish import publish, wait_for_messages
 from js_etl.jobs import drain as drain_job
@@ -113,3 +121,25 @@ def test_a_stream_task_with_a_connect_server_fails_before_anything_starts(tjs, n
     (failure,) = failures(f"connect_stream_{names.stream}").values()
     assert failure["type"] == "AirflowFailException"  # terminal: not retried
     assert "js-etl stream does not run over Spark Connect" in failure["message"]
+
+
+def test_a_worker_without_the_job_extra_fails_a_connect_task_at_once(tjs, names, tmp_path):
+    """An Airflow host's Python (no pyspark, pyarrow, deltalake …: tests/support/no_spark.py)
+    cannot be a Connect client: the task says what to install, before any process starts."""
+    tjs.run(tjs.admin.add_stream(names.stream, [names.subject]))
+    tjs.run(publish(tjs.conn, [(f"{names.prefix}.e", b'{"id": 1}')]))
+    tjs.run(wait_for_messages(tjs.conn, names.stream, 1))
+    config = connect_config(tmp_path, names, tmp_path / "table", "sc://127.0.0.1:15002")
+    dag = write_dag(f"connect_host_{names.stream}", f"""
+        with DAG(DAG_ID, schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
+                 catchup=False) as dag:
+            JetStreamToDeltaOperator(task_id="drain", config_path={str(config)!r},
+                                     nats_conn_id="nats_test", on_failure_callback=record_failure)
+        """)
+
+    states, _ = dag_test_on_airflow_host(dag)
+
+    assert states == {"drain": "failed"}
+    (failure,) = failures(f"connect_host_{names.stream}").values()
+    assert failure["type"] == "AirflowFailException"
+    assert "pyspark, pyarrow, pandas, deltalake, obstore cannot be imported" in failure["message"]
