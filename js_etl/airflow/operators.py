@@ -394,7 +394,7 @@ class JetStreamToDeltaOperator(BaseOperator):
             return report
         application = self._application()
         with tempfile.TemporaryDirectory(prefix="js-etl-") as local:
-            if environ.get("SPARK_REMOTE") or config.spark.remote:
+            if config.spark.remote_in(environ):
                 report = self._run_connect_client(application, environ, config_path, overrides,
                                                   Path(local))
             else:

@@ -363,6 +363,11 @@ class SparkConfig(_Section):
     conf: dict[str, str] = setting({}, CONF)
     remote: str | None = setting(None, TEXT)  # a Spark Connect server (sc://…) instead
 
+    def remote_in(self, environ: Mapping[str, str]) -> str | None:
+        """The Spark Connect server a job with the variables ``environ`` is a client of: the
+        ``SPARK_REMOTE`` variable, which wins, else ``remote``; None for none."""
+        return environ.get("SPARK_REMOTE") or self.remote
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StreamingConfig(_Section):

@@ -141,7 +141,7 @@ def job_session(spark_config: SparkConfig, *, spark_submit: bool, columnar: bool
     ``spark.*`` section (``columnar``: for a drain on the columnar writer; ``object_store``:
     tables on S3), or, under spark-submit, the session spark-submit prepared."""
     session_class = pyspark_session()
-    remote = os.environ.get("SPARK_REMOTE") or spark_config.remote
+    remote = spark_config.remote_in(os.environ)
     if remote:
         return connect_session(remote, spark_config)
     if not spark_submit:

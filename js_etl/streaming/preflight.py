@@ -1,9 +1,8 @@
 """What can be told about a stream job before Spark starts (NATS only, no pyspark): no Spark
 Connect server is named (:data:`NOT_OVER_CONNECT`), the checkpoint is set, the table paths are
-writable, the credentials' files readable, the stream
-(and the consumer that follows the query) there, that consumer one no drain reads from
-(:mod:`js_etl.durable.cursor`). ``js-etl stream`` runs it before its session
-starts, the Airflow operator before spark-submit."""
+writable, the credentials' files readable, the stream (and the consumer that follows the query)
+there, that consumer one no drain reads from (:mod:`js_etl.durable.cursor`). ``js-etl stream``
+runs it before its session starts, the Airflow operator before spark-submit."""
 
 from __future__ import annotations
 
@@ -29,7 +28,7 @@ NOT_OVER_CONNECT = (
 def check_stream(config: JobConfig, environ: Mapping[str, str] | None = None) -> None:
     """Every check of the module docstring, with the variables and secrets of ``environ``
     (default: this process's)."""
-    if (os.environ if environ is None else environ).get("SPARK_REMOTE") or config.spark.remote:
+    if config.spark.remote_in(os.environ if environ is None else environ):
         raise ConfigError(NOT_OVER_CONNECT)
     checkpoint_of(config)
     check_target_paths(config)
