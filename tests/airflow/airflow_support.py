@@ -9,6 +9,9 @@ from __future__ import annotations
 import json
 import os
 import textwrap
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -145,3 +148,28 @@ def dag_test_on_airflow_host(path: Path) -> tuple[dict[str, str], Any]:
     result = json.loads(line.removeprefix("DAG RESULT "))
     return result["states"], SimpleNamespace(run_id=result["run_id"], dag_id=result["dag_id"],
                                              log=done.stdout + done.stderr)
+
+
+@contextmanager
+def command_lines_holding(text: str) -> Iterator[set[str]]:
+    """Every process command line holding ``text`` while the block runs (polled by a thread)."""
+    import psutil
+
+    seen: set[str] = set()
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            for proc in psutil.process_iter(["cmdline"]):
+                line = " ".join(proc.info["cmdline"] or [])
+                if text in line:
+                    seen.add(line)
+            stop.wait(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        watcher.join()

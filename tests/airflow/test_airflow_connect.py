@@ -4,13 +4,12 @@ and its report, failure reason and exit code reach the task as under spark-submi
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
-import psutil
 import pytest
 from airflow_support import (
     TOKEN,
+    command_lines_holding,
     dag_test_on_airflow_host,
     failures,
     load_dag,
@@ -35,16 +34,6 @@ def connect_config(tmp_path: Path, names, table: Path, remote: str) -> Path:
     return config
 
 
-def command_lines_naming(marker: str, stop: threading.Event, seen: set[str]) -> None:
-    """Every process's command line holding ``marker``, polled until ``stop``."""
-    while not stop.is_set():
-        for proc in psutil.process_iter(["cmdline"]):
-            line = " ".join(proc.info["cmdline"] or [])
-            if marker in line:
-                seen.add(line)
-        stop.wait(0.05)
-
-
 def drain_dag(names, config: Path):
     return load_dag(write_dag(f"connect_{names.stream}", f"""
         with DAG(DAG_ID, schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
@@ -64,14 +53,8 @@ def test_a_drain_task_runs_as_a_spark_connect_client_without_spark_submit(
     table = tmp_path / "table"
     config = connect_config(tmp_path, names, table, spark_connect_server.url)
     dag = drain_dag(names, config)
-    stop, seen = threading.Event(), set()
-    watcher = threading.Thread(target=command_lines_naming, args=(str(config), stop, seen))
-    watcher.start()
-    try:
+    with command_lines_holding(str(config)) as seen:
         dag_run = dag.test()
-    finally:
-        stop.set()
-        watcher.join()
 
     assert task_states(dag_run) == {"drain": "success"}, failures(f"connect_{names.stream}")
     report = xcom(dag_run, "drain")

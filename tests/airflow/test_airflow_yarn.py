@@ -10,14 +10,20 @@ import json
 import re
 import sys
 import textwrap
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pyspark
 import pytest
-from airflow_support import REPO, TOKEN, load_dag, task_states, write_dag, xcom
+from airflow_support import (
+    REPO,
+    TOKEN,
+    command_lines_holding,
+    load_dag,
+    task_states,
+    write_dag,
+    xcom,
+)
 
 from js_etl.demo.publish import publish, wait_for_messages
 from tools.yarn import MiniYarn
@@ -39,16 +45,6 @@ def page_example() -> str:
 def mini_yarn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MiniYarn]:
     with MiniYarn(tmp_path_factory.mktemp("yarn")) as yarn:
         yield yarn
-
-
-def command_lines_holding(secret: str, stop: threading.Event, seen: list[str]) -> None:
-    """Every process's command line, polled until ``stop``: those holding ``secret``."""
-    while not stop.is_set():
-        for proc in psutil.process_iter(["cmdline"]):
-            line = " ".join(proc.info["cmdline"] or [])
-            if secret in line:
-                seen.append(line)
-        stop.wait(0.1)
 
 
 def test_a_dag_drains_in_cluster_deploy_mode_on_yarn(mini_yarn, tjs, token_server, names,
@@ -93,14 +89,8 @@ def test_a_dag_drains_in_cluster_deploy_mode_on_yarn(mini_yarn, tjs, token_serve
                  catchup=False) as dag:
 {textwrap.indent(example, " " * 12)}
         """))
-    stop, seen = threading.Event(), []
-    watcher = threading.Thread(target=command_lines_holding, args=(TOKEN, stop, seen))
-    watcher.start()
-    try:
+    with command_lines_holding(TOKEN) as seen:
         dag_run = dag.test()
-    finally:
-        stop.set()
-        watcher.join()
 
     assert task_states(dag_run) == {"drain": "success"}
     report = xcom(dag_run, "drain")
@@ -114,7 +104,7 @@ def test_a_dag_drains_in_cluster_deploy_mode_on_yarn(mini_yarn, tjs, token_serve
     assert any(f'PYSPARK_PYTHON="{sys.executable}"' in s and "SPARK_LOCAL_IP" in s
                and "deploy.yarn.ApplicationMaster" in s for s in scripts)
     assert not [s for s in scripts if TOKEN in s]
-    assert seen == []
+    assert seen == set()
 
     from deltalake import DeltaTable  # an independent reader of what the driver committed
 
