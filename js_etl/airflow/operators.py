@@ -163,18 +163,32 @@ class _ConnectClientJob:
         self._process: subprocess.Popen[str] | None = None
 
     def run(self, args: Sequence[str], log: Any) -> None:
-        """Run the job to its end; raise AirflowException when it exits non-zero."""
-        with subprocess.Popen([sys.executable, self.application, *args], env=self.env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              bufsize=1) as process:
-            self._process = process
-            assert process.stdout is not None
-            for line in process.stdout:
-                self.output.see(line)
-                log.info("%s", line.rstrip("\n"))
-        self.returncode = process.returncode
-        if process.returncode:
-            raise AirflowException(f"the job exited with code {process.returncode}")
+        """Run the job to its end; raise AirflowException when it exits non-zero.
+
+        Interrupted here (the task's ``execution_timeout``, a signal), it stops the job as
+        :meth:`on_kill` does and follows it to its end before it lets the exception go: Airflow
+        calls ``on_kill`` only once the exception has left ``execute`` (for a timeout), and a
+        job nobody reads from would block on its full output pipe."""
+        process = subprocess.Popen([sys.executable, self.application, *args], env=self.env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                   bufsize=1)
+        self._process = process
+        try:
+            self._follow(process, log)
+        except BaseException:
+            self.on_kill()
+            self._follow(process, log)
+            raise
+        finally:
+            self.returncode = process.wait()
+        if self.returncode:
+            raise AirflowException(f"the job exited with code {self.returncode}")
+
+    def _follow(self, process: subprocess.Popen[str], log: Any) -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            self.output.see(line)
+            log.info("%s", line.rstrip("\n"))
 
     def on_kill(self) -> None:
         # SIGTERM: the job finishes its round, releases the consumer and exits 75.
@@ -514,6 +528,11 @@ class JetStreamToDeltaOperator(BaseOperator):
                 # above: the task's failure is the job's one line (or names that output).
                 raise self._failure("spark-submit", hook.returncode, hook.output, e,
                                     _read_outcome(report_at, self.report_conn_id)) from None
+            except BaseException:
+                # A timeout or a signal: Airflow calls on_kill only after execute has raised
+                # (for a timeout), when this hook is no longer the running one.
+                hook.on_kill()
+                raise
             return _read_report(_read_outcome(report_at, self.report_conn_id),
                                 hook.output.report_line)
         finally:

@@ -4,6 +4,9 @@ and its report, failure reason and exit code reach the task as under spark-submi
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 from pathlib import Path
 
 import pytest
@@ -126,3 +129,69 @@ def test_a_worker_without_the_job_extra_fails_a_connect_task_at_once(tjs, names,
     (failure,) = failures(f"connect_host_{names.stream}").values()
     assert failure["type"] == "AirflowFailException"
     assert "pyspark, pyarrow, pandas, deltalake, obstore cannot be imported" in failure["message"]
+
+
+def test_a_timed_out_connect_task_stops_its_client_after_the_round(
+        spark_connect_server, tjs, names, tmp_path, monkeypatch):
+    """The task's execution_timeout (Airflow raises it in execute, and calls on_kill only after
+    execute has raised): the client is told to stop there and then, finishes its round and
+    exits; nothing is lost or written twice, and the next run drains the rest."""
+    from deltalake import DeltaTable
+
+    from js_etl.airflow import operators
+
+    tjs.run(tjs.admin.add_stream(names.stream, [names.subject]))
+    tjs.run(publish(tjs.conn, [(f"{names.prefix}.e", b'{"id": %d}' % i) for i in range(60)]))
+    tjs.run(wait_for_messages(tjs.conn, names.stream, 60))
+    table, gate = tmp_path / "table", tmp_path / "gate"
+    gate.mkdir()
+    config = connect_config(tmp_path, names, table, spark_connect_server.url)
+    told = threading.Event()  # the real on_kill, recorded
+    on_kill = operators._ConnectClientJob.on_kill
+
+    def recorded(job):
+        told.set()
+        on_kill(job)
+
+    monkeypatch.setattr(operators._ConnectClientJob, "on_kill", recorded)
+    dag = load_dag(write_dag(f"connect_timeout_{names.stream}", f"""
+        from datetime import timedelta
+
+        with DAG(DAG_ID, schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
+                 catchup=False) as dag:
+            JetStreamToDeltaOperator(
+                task_id="drain", config_path={str(config)!r}, nats_conn_id="nats_test",
+                execution_timeout=timedelta(hours=1), on_failure_callback=record_failure,
+                env_vars={{"JS_ETL_FAULT": "hold_after_fetch", "JS_ETL_FAULT_GATE": {str(gate)!r}}})
+        """))
+    held_then_told: list[bool] = []
+
+    def time_out_when_held() -> None:
+        for _ in range(6000):  # a bound for a client that fails before its first fetch
+            if (gate / "held").exists():
+                break
+            told.wait(0.05)
+        else:
+            (gate / "release").touch()
+            return
+        # What the timeout's alarm does when it fires: raise AirflowTaskTimeout in execute.
+        os.kill(os.getpid(), signal.SIGALRM)
+        held_then_told.append(told.wait(60))
+        (gate / "release").touch()
+
+    watcher = threading.Thread(target=time_out_when_held)
+    watcher.start()
+    dag_run = dag.test()
+    watcher.join()
+
+    assert held_then_told == [True]
+    assert task_states(dag_run) == {"drain": "failed"}
+    (failure,) = failures(f"connect_timeout_{names.stream}").values()
+    assert failure["type"] == "AirflowTaskTimeout"
+    seqs = DeltaTable(str(table)).to_pyarrow_table(columns=["seq"]).column("seq").to_pylist()
+    assert seqs and len(seqs) == len(set(seqs))  # the held round was committed, once
+
+    monkeypatch.undo()
+    assert task_states(drain_dag(names, config).test()) == {"drain": "success"}
+    seqs = DeltaTable(str(table)).to_pyarrow_table(columns=["seq"]).column("seq").to_pylist()
+    assert sorted(seqs) == list(range(1, 61))

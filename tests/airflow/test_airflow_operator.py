@@ -23,6 +23,7 @@ from airflow_support import (
     write_dag,
     xcom,
 )
+from streams import wait_until
 
 import js_etl.jobs.backfill
 from js_etl.demo.publish import publish, wait_for_messages
@@ -295,6 +296,60 @@ def test_a_stream_task_runs_the_stream_job_and_returns_its_report(tjs, names, tm
     assert [b["last_seq"] for b in report["batches"]] == [50, 100, 120]
     assert sorted(DeltaTable(str(table)).to_pyarrow_table(columns=["seq"])
                   .column("seq").to_pylist()) == list(range(1, 121))
+
+
+def test_a_timed_out_task_kills_its_spark_submit(names, tmp_path, tjs):
+    """The task's execution_timeout, raised in execute while spark-submit runs: the operator
+    kills spark-submit as the provider's on_kill does (Airflow calls on_kill only after execute
+    has raised, too late to reach it), and the job's driver, cut off from its JVM, ends at its
+    next call into it."""
+    import os
+    import signal
+    import threading
+
+    import psutil
+
+    tjs.run(tjs.admin.add_stream(names.stream, [names.subject]))
+    tjs.run(publish(tjs.conn, [(f"{names.prefix}.e", b'{"id": %d}' % i) for i in range(20)]))
+    tjs.run(wait_for_messages(tjs.conn, names.stream, 20))
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    config = write_config(tmp_path, names, tmp_path / "table")
+    dag_id = f"timeout_{names.stream}"
+    dag = load_dag(write_dag(dag_id, f"""
+        from datetime import timedelta
+
+        with DAG(DAG_ID, schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
+                 catchup=False) as dag:
+            JetStreamToDeltaOperator(
+                task_id="drain", config_path={str(config)!r}, nats_conn_id="nats_test",
+                execution_timeout=timedelta(hours=1), on_failure_callback=record_failure,
+                env_vars={{"JS_ETL_FAULT": "hold_after_fetch", "JS_ETL_FAULT_GATE": {str(gate)!r}}})
+        """))
+
+    def job_processes() -> list[str]:
+        lines = (" ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"]))
+        return [line for line in lines if str(config) in line]
+
+    def time_out_when_held() -> None:
+        for _ in range(6000):  # a bound for a job that fails before its first fetch
+            if (gate / "held").exists():
+                # What the timeout's alarm does when it fires: raise AirflowTaskTimeout.
+                os.kill(os.getpid(), signal.SIGALRM)
+                return
+            threading.Event().wait(0.05)
+
+    watcher = threading.Thread(target=time_out_when_held)
+    watcher.start()
+    dag_run = dag.test()
+    watcher.join()
+
+    assert task_states(dag_run) == {"drain": "failed"}
+    assert failures(dag_id)["drain"]["type"] == "AirflowTaskTimeout"
+    assert not [line for line in job_processes() if "SparkSubmit" in line]
+    (gate / "release").touch()
+    wait_until(job_processes, lambda left: not left, timeout=120,
+               what="the held driver's end once it calls its dead JVM")
 
 
 def test_failed_job_fails_the_task_with_the_jobs_own_reason(names, tmp_path, tjs):
