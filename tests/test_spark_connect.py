@@ -112,8 +112,10 @@ def test_a_drain_over_spark_connect_refuses_a_table_the_client_cannot_reach_in_o
 @pytest.mark.parametrize(("remote", "code", "says"), [
     ("sc://127.0.0.1:{free}", 75, "TransientError: no Spark Connect server answers at "
                                   "127.0.0.1:{free} (Connection refused)"),
-    ("http://127.0.0.1:{free}/;token=s3cret", 2, "ConfigError: SPARK_REMOTE or spark.remote is "
-                                                 "not a Spark Connect URL"),
+    ("http://127.0.0.1:{free}/;token=s3cret", 2, "ConfigError: spark.remote: not a Spark "
+                                                 "Connect URL: it must be sc://host[:port]"),
+    ("sc://127.0.0.1:port/;token=s3cret", 2, "ConfigError: spark.remote: not a Spark Connect "
+                                             "URL: its host or port does not parse"),
 ])
 def test_a_spark_remote_no_server_answers_at_fails_in_one_line_at_once(remote, code, says, names,
                                                                         js, nats_server,

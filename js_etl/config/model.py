@@ -17,6 +17,7 @@ from js_etl.config.ddl import ddl_problem
 from js_etl.config.values import (
     BOOL,
     CONF,
+    CONNECT_URL,
     ENV_NAME,
     JS_NAME,
     REQUIRED,
@@ -361,7 +362,7 @@ class SparkConfig(_Section):
     master: str = setting("local[2]", TEXT)
     app_name: str = setting("js-etl", TEXT)
     conf: dict[str, str] = setting({}, CONF)
-    remote: str | None = setting(None, TEXT)  # a Spark Connect server (sc://…) instead
+    remote: str | None = setting(None, CONNECT_URL)  # a Spark Connect server instead
 
     def remote_in(self, environ: Mapping[str, str]) -> str | None:
         """The Spark Connect server a job with the variables ``environ`` is a client of: the

@@ -279,6 +279,33 @@ def with_port(url: str, default_port: int) -> str:
     return f"{url.rstrip('/')}:{default_port}"
 
 
+# Spark Connect's default port, where a sc:// URL names none.
+CONNECT_PORT = 15002
+
+
+def connect_address(url: str) -> tuple[str, int]:
+    """The host and port of a Spark Connect URL, ``sc://host[:port]`` (port 15002 by default).
+    Anything else is :class:`Invalid`, saying what is wrong but never showing the URL: its
+    parameters may hold a token."""
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError:  # a port that is no number from 0 to 65535, a broken IPv6 address
+        raise Invalid("not a Spark Connect URL: its host or port does not parse (it must be "
+                      "sc://host[:port]; the URL is not shown: it may hold a token)") from None
+    if parts.scheme != "sc" or not parts.hostname or port == 0:
+        raise Invalid(f"not a Spark Connect URL: it must be sc://host[:port], not "
+                      f"{parts.scheme or 'no'}:// with {'a' if parts.hostname else 'no'} host "
+                      "(the URL is not shown: it may hold a token)")
+    return parts.hostname, port or CONNECT_PORT
+
+
+def _connect_url(value: Any) -> str:
+    text = _text(value).strip()
+    connect_address(text)
+    return text
+
+
 def server_url(given: str) -> str:
     given = given.strip()
     url = as_url(given)
@@ -339,6 +366,7 @@ BOOL = Kind("true or false", _bool)
 SECONDS = Kind("a positive duration in seconds (a number, or e.g. 250ms, 30s, 5m, 1h)", _seconds)
 JS_NAME = pattern(r"[^\s.*>]+", "a JetStream name (non-empty; no whitespace, '.', '*' or '>')")
 CONF = Kind("a mapping of Spark conf keys to scalar values", _conf_map, entries=True)
+CONNECT_URL = Kind("a Spark Connect URL, sc://host[:port]", _connect_url, keep_text=True)
 
 REQUIRED: Any = dataclasses.MISSING
 

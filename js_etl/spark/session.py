@@ -16,8 +16,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlparse
 
+from js_etl.config.values import Invalid, connect_address
 from js_etl.errors import ConfigError, TerminalError, TransientError
 from js_etl.spark.jars import LOG_STORE_CLASS, SparkArtifacts, delta_artifacts
 
@@ -171,20 +171,13 @@ def connect_session(url: str, spark_config: SparkConfig) -> SparkSession:
     return spark
 
 
-# Spark Connect's default port, where a sc:// URL names none.
-CONNECT_PORT = 15002
-
-
 def _answers(url: str) -> None:
     """Fail in seconds, in one line, where no Spark Connect server can answer at ``url``:
     pyspark's client retries a refused connection for minutes before it says so."""
-    parsed = urlparse(url)
-    if parsed.scheme != "sc" or not parsed.hostname:
-        # (The URL itself is not shown: its parameters may hold a token.)
-        raise ConfigError("SPARK_REMOTE or spark.remote is not a Spark Connect URL: it must be "
-                          f"sc://host[:port], not {parsed.scheme or 'no'}:// with "
-                          f"{'a' if parsed.hostname else 'no'} host")
-    address = (parsed.hostname, parsed.port or CONNECT_PORT)
+    try:
+        address = connect_address(url)
+    except Invalid as e:
+        raise ConfigError(f"SPARK_REMOTE or spark.remote: {e.detail}") from None
     try:
         socket.create_connection(address, timeout=10).close()
     except OSError as e:  # down, restarting, or the wrong address: a later run may find it

@@ -826,3 +826,20 @@ def test_the_configuration_page_names_every_key() -> None:
     every = keys(JobConfig)
     assert len(every) > 40 and "spark.remote" in every
     assert [key for key in every if f"`{key}`" not in page] == []
+
+
+@pytest.mark.parametrize("url", [
+    "http://h:15002/;token=s3cret", "sc://h:port/;token=s3cret", "sc://h:99999/;token=s3cret",
+    "sc://[::1/;token=s3cret", "sc:///;token=s3cret", "sc://h:0/;token=s3cret"])
+def test_a_spark_remote_that_is_no_connect_url_is_refused_without_showing_it(url):
+    with pytest.raises(ConfigError, match=r"^spark\.remote: not a Spark Connect URL") as refused:
+        load(f"spark.remote={url}")
+    assert "s3cret" not in str(refused.value)
+
+
+def test_a_spark_remote_is_kept_as_written_and_takes_connects_default_port():
+    from js_etl.config.values import connect_address
+
+    assert load("spark.remote=sc://h/;token=t").spark.remote == "sc://h/;token=t"
+    assert connect_address("sc://h/;token=t") == ("h", 15002)
+    assert connect_address("sc://[::1]:15003") == ("::1", 15003)
