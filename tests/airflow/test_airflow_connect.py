@@ -13,7 +13,6 @@ import pytest
 from airflow_support import (
     TOKEN,
     command_lines_holding,
-    dag_test_on_airflow_host,
     failures,
     load_dag,
     task_states,
@@ -44,30 +43,6 @@ def drain_dag(names, config: Path):
             JetStreamToDeltaOperator(task_id="drain", config_path={str(config)!r},
                                      nats_conn_id="nats_test", on_failure_callback=record_failure)
         """))
-
-
-def test_a_drain_task_runs_as_a_spark_connect_client_without_spark_submit(
-        spark_connect_server, tjs, names, tmp_path):
-    from deltalake import DeltaTable
-
-    tjs.run(tjs.admin.add_stream(names.stream, [names.subject]))
-    tjs.run(publish(tjs.conn, [(f"{names.prefix}.e", b'{"id": %d}' % i) for i in range(60)]))
-    tjs.run(wait_for_messages(tjs.conn, names.stream, 60))
-    table = tmp_path / "table"
-    config = connect_config(tmp_path, names, table, spark_connect_server.url)
-    dag = drain_dag(names, config)
-    with command_lines_holding(str(config)) as seen:
-        dag_run = dag.test()
-
-    assert task_states(dag_run) == {"drain": "success"}, failures(f"connect_{names.stream}")
-    report = xcom(dag_run, "drain")
-    assert (report["messages_written"], report["pending_after"]) == (60, 0)
-    seqs = DeltaTable(str(table)).to_pyarrow_table(columns=["seq"]).column("seq").to_pylist()
-    assert sorted(seqs) == list(range(1, 61))
-    # The job's process was this Python running the job script; none was spark-submit's.
-    assert any(drain_job.__file__ in line for line in seen), seen
-    assert not [line for line in seen if "SparkSubmit" in line or "spark-submit" in line]
-    assert not [line for line in seen if TOKEN in line]
 
 
 def test_a_connect_server_nobody_serves_fails_the_task_with_the_jobs_reason(tjs, names,
@@ -109,33 +84,35 @@ def test_a_stream_task_with_a_connect_server_fails_before_anything_starts(tjs, n
     assert "js-etl stream does not run over Spark Connect" in failure["message"]
 
 
-def test_a_worker_without_the_job_extra_fails_a_connect_task_at_once(tjs, names, tmp_path):
-    """An Airflow host's Python (no pyspark, pyarrow, deltalake …: tests/support/no_spark.py)
-    cannot be a Connect client: the task says what to install, before any process starts."""
+def test_a_worker_without_the_client_modules_fails_a_connect_task_at_once(tjs, names, tmp_path,
+                                                                         monkeypatch):
+    """A worker that cannot import what the client needs (an Airflow host without js-etl's job
+    extra; here a module no one installed): the task says what is missing, before any process
+    starts."""
+    from js_etl.airflow import operators
+
+    monkeypatch.setattr(operators, "CONNECT_CLIENT_MODULES", ("pyspark", "js_etl_not_installed"))
     tjs.run(tjs.admin.add_stream(names.stream, [names.subject]))
     tjs.run(publish(tjs.conn, [(f"{names.prefix}.e", b'{"id": 1}')]))
     tjs.run(wait_for_messages(tjs.conn, names.stream, 1))
     config = connect_config(tmp_path, names, tmp_path / "table", "sc://127.0.0.1:15002")
-    dag = write_dag(f"connect_host_{names.stream}", f"""
-        with DAG(DAG_ID, schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
-                 catchup=False) as dag:
-            JetStreamToDeltaOperator(task_id="drain", config_path={str(config)!r},
-                                     nats_conn_id="nats_test", on_failure_callback=record_failure)
-        """)
 
-    states, _ = dag_test_on_airflow_host(dag)
+    dag_run = drain_dag(names, config).test()
 
-    assert states == {"drain": "failed"}
-    (failure,) = failures(f"connect_host_{names.stream}").values()
+    assert task_states(dag_run) == {"drain": "failed"}
+    (failure,) = failures(f"connect_{names.stream}").values()
     assert failure["type"] == "AirflowFailException"
-    assert "pyspark, pyarrow, pandas, deltalake, obstore cannot be imported" in failure["message"]
+    assert "js_etl_not_installed cannot be imported" in failure["message"]
 
 
-def test_a_timed_out_connect_task_stops_its_client_after_the_round(
+def test_a_drain_task_runs_as_a_connect_client_and_a_timeout_stops_it_after_its_round(
         spark_connect_server, tjs, names, tmp_path, monkeypatch):
-    """The task's execution_timeout (Airflow raises it in execute, and calls on_kill only after
-    execute has raised): the client is told to stop there and then, finishes its round and
-    exits; nothing is lost or written twice, and the next run drains the rest."""
+    """A first task times out (Airflow raises execution_timeout in execute, and calls on_kill
+    only after execute has raised) while its client holds after its first fetch: the client is
+    told to stop there and then, finishes its round and exits, nothing lost or written twice.
+    The next task drains the rest and what came since: its job is this Python running the job
+    script as the server's client, never spark-submit, the token on no command line, its report
+    in XCom."""
     from deltalake import DeltaTable
 
     from js_etl.airflow import operators
@@ -192,6 +169,16 @@ def test_a_timed_out_connect_task_stops_its_client_after_the_round(
     assert seqs and len(seqs) == len(set(seqs))  # the held round was committed, once
 
     monkeypatch.undo()
-    assert task_states(drain_dag(names, config).test()) == {"drain": "success"}
+    tjs.run(publish(tjs.conn, [(f"{names.prefix}.e", b'{"id": %d}' % i) for i in range(60, 80)]))
+    tjs.run(wait_for_messages(tjs.conn, names.stream, 80))
+    with command_lines_holding(str(config)) as seen:
+        dag_run = drain_dag(names, config).test()
+
+    assert task_states(dag_run) == {"drain": "success"}, failures(f"connect_{names.stream}")
+    report = xcom(dag_run, "drain")
+    assert (report["messages_written"], report["pending_after"]) == (80 - len(seqs), 0)
     seqs = DeltaTable(str(table)).to_pyarrow_table(columns=["seq"]).column("seq").to_pylist()
-    assert sorted(seqs) == list(range(1, 61))
+    assert sorted(seqs) == list(range(1, 81))
+    assert any(drain_job.__file__ in line for line in seen), seen
+    assert not [line for line in seen if "SparkSubmit" in line or "spark-submit" in line]
+    assert not [line for line in seen if TOKEN in line]
