@@ -36,8 +36,14 @@ demo: setup
 # takes tests another has not started (tests/conftest.py puts the longest files first). Three on
 # the 2-core box: much of a test's time is spent waiting on servers and subprocesses.
 TEST_WORKERS ?= 3
-test: setup lint docs
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not bench_cluster"
+# Lint and the docs site run beside the tests (their output follows the tests'); either failing
+# fails `make test`. `make lint` alone answers in seconds.
+test: setup
+	@$(MAKE) --no-print-directory lint docs > $(VENV)/checks.log 2>&1 & checks=$$!; \
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not bench_cluster"; tests=$$?; \
+	wait $$checks; checked=$$?; cat $(VENV)/checks.log; \
+	if [ $$checked -ne 0 ]; then echo "make test: lint or the docs site failed (above)"; fi; \
+	[ $$tests -eq 0 ] && [ $$checked -eq 0 ]
 
 # Pure-logic tests only (tests/unit: no nats-server, no JVM): seconds, for quick feedback.
 test-unit: setup
