@@ -173,3 +173,33 @@ def command_lines_holding(text: str) -> Iterator[set[str]]:
     finally:
         stop.set()
         watcher.join()
+
+
+def timed_out_drain_dag(dag_id: str, config: Path, gate: Path) -> Any:
+    """A DAG whose one drain task, with an ``execution_timeout`` (an hour: a test fires it, see
+    :func:`time_out_when_held`), holds after its first fetch until ``gate/release`` exists."""
+    return load_dag(write_dag(dag_id, f"""
+        from datetime import timedelta
+
+        with DAG(DAG_ID, schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
+                 catchup=False) as dag:
+            JetStreamToDeltaOperator(
+                task_id="drain", config_path={str(config)!r}, nats_conn_id="nats_test",
+                execution_timeout=timedelta(hours=1), on_failure_callback=record_failure,
+                env_vars={{"JS_ETL_FAULT": "hold_after_fetch", "JS_ETL_FAULT_GATE": {str(gate)!r}}})
+        """))
+
+
+def time_out_when_held(gate: Path) -> bool:
+    """Once the job holds at ``gate``, what the task's timeout alarm does when it fires: raise
+    AirflowTaskTimeout in ``execute`` (run from a thread while ``dag.test()`` runs the task in
+    this process). False, with the gate opened, for a job that never got there."""
+    import signal
+
+    for _ in range(6000):  # a bound for a job that fails before its first fetch
+        if (gate / "held").exists():
+            os.kill(os.getpid(), signal.SIGALRM)
+            return True
+        threading.Event().wait(0.05)
+    (gate / "release").touch()
+    return False

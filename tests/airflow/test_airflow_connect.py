@@ -4,8 +4,6 @@ and its report, failure reason and exit code reach the task as under spark-submi
 
 from __future__ import annotations
 
-import os
-import signal
 import threading
 from pathlib import Path
 
@@ -16,6 +14,8 @@ from airflow_support import (
     failures,
     load_dag,
     task_states,
+    time_out_when_held,
+    timed_out_drain_dag,
     write_dag,
     xcom,
 )
@@ -131,32 +131,15 @@ def test_a_drain_task_runs_as_a_connect_client_and_a_timeout_stops_it_after_its_
         on_kill(job)
 
     monkeypatch.setattr(operators._ConnectClientJob, "on_kill", recorded)
-    dag = load_dag(write_dag(f"connect_timeout_{names.stream}", f"""
-        from datetime import timedelta
-
-        with DAG(DAG_ID, schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
-                 catchup=False) as dag:
-            JetStreamToDeltaOperator(
-                task_id="drain", config_path={str(config)!r}, nats_conn_id="nats_test",
-                execution_timeout=timedelta(hours=1), on_failure_callback=record_failure,
-                env_vars={{"JS_ETL_FAULT": "hold_after_fetch", "JS_ETL_FAULT_GATE": {str(gate)!r}}})
-        """))
+    dag = timed_out_drain_dag(f"connect_timeout_{names.stream}", config, gate)
     held_then_told: list[bool] = []
 
-    def time_out_when_held() -> None:
-        for _ in range(6000):  # a bound for a client that fails before its first fetch
-            if (gate / "held").exists():
-                break
-            told.wait(0.05)
-        else:
+    def time_out_then_release() -> None:
+        if time_out_when_held(gate):
+            held_then_told.append(told.wait(60))
             (gate / "release").touch()
-            return
-        # What the timeout's alarm does when it fires: raise AirflowTaskTimeout in execute.
-        os.kill(os.getpid(), signal.SIGALRM)
-        held_then_told.append(told.wait(60))
-        (gate / "release").touch()
 
-    watcher = threading.Thread(target=time_out_when_held)
+    watcher = threading.Thread(target=time_out_then_release)
     watcher.start()
     dag_run = dag.test()
     watcher.join()

@@ -20,6 +20,8 @@ from airflow_support import (
     lineage_events,
     load_dag,
     task_states,
+    time_out_when_held,
+    timed_out_drain_dag,
     write_dag,
     xcom,
 )
@@ -303,8 +305,6 @@ def test_a_timed_out_task_kills_its_spark_submit(names, tmp_path, tjs):
     kills spark-submit as the provider's on_kill does (Airflow calls on_kill only after execute
     has raised, too late to reach it), and the job's driver, cut off from its JVM, ends at its
     next call into it."""
-    import os
-    import signal
     import threading
 
     import psutil
@@ -316,30 +316,13 @@ def test_a_timed_out_task_kills_its_spark_submit(names, tmp_path, tjs):
     gate.mkdir()
     config = write_config(tmp_path, names, tmp_path / "table")
     dag_id = f"timeout_{names.stream}"
-    dag = load_dag(write_dag(dag_id, f"""
-        from datetime import timedelta
-
-        with DAG(DAG_ID, schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
-                 catchup=False) as dag:
-            JetStreamToDeltaOperator(
-                task_id="drain", config_path={str(config)!r}, nats_conn_id="nats_test",
-                execution_timeout=timedelta(hours=1), on_failure_callback=record_failure,
-                env_vars={{"JS_ETL_FAULT": "hold_after_fetch", "JS_ETL_FAULT_GATE": {str(gate)!r}}})
-        """))
+    dag = timed_out_drain_dag(dag_id, config, gate)
 
     def job_processes() -> list[str]:
         lines = (" ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"]))
         return [line for line in lines if str(config) in line]
 
-    def time_out_when_held() -> None:
-        for _ in range(6000):  # a bound for a job that fails before its first fetch
-            if (gate / "held").exists():
-                # What the timeout's alarm does when it fires: raise AirflowTaskTimeout.
-                os.kill(os.getpid(), signal.SIGALRM)
-                return
-            threading.Event().wait(0.05)
-
-    watcher = threading.Thread(target=time_out_when_held)
+    watcher = threading.Thread(target=time_out_when_held, args=(gate,))
     watcher.start()
     dag_run = dag.test()
     watcher.join()
