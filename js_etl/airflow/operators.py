@@ -159,11 +159,10 @@ class _ConnectClientJob:
         self.application = application
         self.env = dict(env)
         self.output = _JobOutput()
-        self.returncode: int | None = None
         self._process: subprocess.Popen[str] | None = None
 
-    def run(self, args: Sequence[str], log: Any) -> None:
-        """Run the job to its end; raise AirflowException when it exits non-zero.
+    def run(self, args: Sequence[str], log: Any) -> int:
+        """Run the job to its end; its exit code.
 
         Interrupted here (the task's ``execution_timeout``, a signal), it stops the job as
         :meth:`on_kill` does and follows it to its end before it lets the exception go: Airflow
@@ -180,9 +179,8 @@ class _ConnectClientJob:
             self._follow(process, log)
             raise
         finally:
-            self.returncode = process.wait()
-        if self.returncode:
-            raise AirflowException(f"the job exited with code {self.returncode}")
+            process.wait()
+        return process.returncode
 
     def _follow(self, process: subprocess.Popen[str], log: Any) -> None:
         assert process.stdout is not None
@@ -562,14 +560,12 @@ class JetStreamToDeltaOperator(BaseOperator):
         job = _ConnectClientJob(application, environ)
         self._running = job
         try:
-            try:
-                job.run(self._job_arguments(config_path, overrides, report_at), self.log)
-            except AirflowException as e:
-                raise self._failure("the job", job.returncode, job.output, e,
-                                    _read_outcome(report_at, None)) from None
-            return _read_report(_read_outcome(report_at, None), job.output.report_line)
+            code = job.run(self._job_arguments(config_path, overrides, report_at), self.log)
         finally:
             self._running = None
+        if code:
+            raise self._failure("the job", code, job.output, None, _read_outcome(report_at, None))
+        return _read_report(_read_outcome(report_at, None), job.output.report_line)
 
     def _submit_hook(self, job_env: Mapping[str, str], user_env: Mapping[str, str], *,
                      name: str, conf: Mapping[str, Any] | None = None,
@@ -636,7 +632,8 @@ class JetStreamToDeltaOperator(BaseOperator):
                 "exclude_packages": merged.get("spark.jars.excludes")}
 
     def _failure(self, launcher: str, code: int | None, output: _JobOutput,
-                 error: AirflowException, outcome: dict[str, Any] | None) -> AirflowException:
+                 error: AirflowException | None, outcome: dict[str, Any] | None
+                 ) -> AirflowException:
         reason = output.job_reason
         if reason is None and outcome is not None and "error" in outcome:
             # A driver on the cluster: its reason came back where its report would have.
@@ -644,7 +641,7 @@ class JetStreamToDeltaOperator(BaseOperator):
         if reason is None:
             return AirflowException(
                 f"{launcher} exited with code {code} before the js-etl job gave a reason "
-                f"(see its output above): {error}")
+                "(see its output above)" + (f": {error}" if error else ""))
         meaning = EXIT_MEANINGS.get(code or 1, "unexpected")
         self.log.error("js-etl %s failed with exit code %s (%s)", self.job, code, meaning)
         if code == 2:
