@@ -10,6 +10,7 @@ import json
 import os
 import textwrap
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -150,20 +151,23 @@ def dag_test_on_airflow_host(path: Path) -> tuple[dict[str, str], Any]:
                                              log=done.stdout + done.stderr)
 
 
+def command_lines_with(text: str) -> list[str]:
+    """The command lines of the processes running now that hold ``text``."""
+    import psutil
+
+    lines = (" ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"]))
+    return [line for line in lines if text in line]
+
+
 @contextmanager
 def command_lines_holding(text: str) -> Iterator[set[str]]:
     """Every process command line holding ``text`` while the block runs (polled by a thread)."""
-    import psutil
-
     seen: set[str] = set()
     stop = threading.Event()
 
     def watch() -> None:
         while not stop.is_set():
-            for proc in psutil.process_iter(["cmdline"]):
-                line = " ".join(proc.info["cmdline"] or [])
-                if text in line:
-                    seen.add(line)
+            seen.update(command_lines_with(text))
             stop.wait(0.05)
 
     watcher = threading.Thread(target=watch)
@@ -200,6 +204,6 @@ def time_out_when_held(gate: Path) -> bool:
         if (gate / "held").exists():
             os.kill(os.getpid(), signal.SIGALRM)
             return True
-        threading.Event().wait(0.05)
+        time.sleep(0.05)
     (gate / "release").touch()
     return False

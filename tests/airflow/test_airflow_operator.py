@@ -15,6 +15,7 @@ from airflow_support import (
     DAGS_FOLDER,
     REPO,
     TOKEN,
+    command_lines_with,
     dag_test_on_airflow_host,
     failures,
     lineage_events,
@@ -307,8 +308,6 @@ def test_a_timed_out_task_kills_its_spark_submit(names, tmp_path, tjs):
     next call into it."""
     import threading
 
-    import psutil
-
     tjs.run(tjs.admin.add_stream(names.stream, [names.subject]))
     tjs.run(publish(tjs.conn, [(f"{names.prefix}.e", b'{"id": %d}' % i) for i in range(20)]))
     tjs.run(wait_for_messages(tjs.conn, names.stream, 20))
@@ -318,10 +317,6 @@ def test_a_timed_out_task_kills_its_spark_submit(names, tmp_path, tjs):
     dag_id = f"timeout_{names.stream}"
     dag = timed_out_drain_dag(dag_id, config, gate)
 
-    def job_processes() -> list[str]:
-        lines = (" ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"]))
-        return [line for line in lines if str(config) in line]
-
     watcher = threading.Thread(target=time_out_when_held, args=(gate,))
     watcher.start()
     dag_run = dag.test()
@@ -329,9 +324,9 @@ def test_a_timed_out_task_kills_its_spark_submit(names, tmp_path, tjs):
 
     assert task_states(dag_run) == {"drain": "failed"}
     assert failures(dag_id)["drain"]["type"] == "AirflowTaskTimeout"
-    assert not [line for line in job_processes() if "SparkSubmit" in line]
+    assert not [line for line in command_lines_with(str(config)) if "SparkSubmit" in line]
     (gate / "release").touch()
-    wait_until(job_processes, lambda left: not left, timeout=120,
+    wait_until(lambda: command_lines_with(str(config)), lambda left: not left, timeout=120,
                what="the held driver's end once it calls its dead JVM")
 
 
