@@ -470,9 +470,13 @@ def test_example_backfill_dag_backfills_a_range_and_names_the_table_it_wrote(
 
 def test_an_empty_drain_emits_no_asset_event_unless_asked_to(tjs, names, tmp_path):
     """Two drains of empty consumers in one real DAG run: the default leaves the table without
-    an asset event (a DAG scheduled on it does not run for nothing), the flag emits one."""
+    an asset event (a DAG scheduled on it does not run for nothing), the flag emits one. The
+    consumers exist, so both tasks take the skip path: its report goes where a job's would."""
     from airflow.models.asset import AssetEvent, AssetModel
     from airflow.utils.session import create_session
+
+    from js_etl.config import load_config
+    from js_etl.durable.policy import desired_consumer
 
     tjs.run(tjs.admin.add_stream(names.stream, [names.subject]))
     quiet, loud = tmp_path / "quiet", tmp_path / "loud"
@@ -482,6 +486,9 @@ def test_an_empty_drain_emits_no_asset_event_unless_asked_to(tjs, names, tmp_pat
     loud_names = type(names)(stream=names.stream, consumer=names.consumer + "_loud",
                              subject=names.subject, prefix=names.prefix)
     loud_config = write_config(tmp_path / "l", loud_names, loud)
+    for config in (quiet_config, loud_config):
+        tjs.run(tjs.admin.create_consumer(
+            names.stream, desired_consumer(load_config(str(config), [], environ={}))))
     dag_id = f"drain_empty_{names.stream}"
     dag = load_dag(write_dag(dag_id, f"""
         with DAG(DAG_ID, schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
@@ -494,8 +501,9 @@ def test_an_empty_drain_emits_no_asset_event_unless_asked_to(tjs, names, tmp_pat
     dag_run = dag.test()
 
     assert task_states(dag_run) == {"quiet": "success", "loud": "success"}, failures(dag_id)
-    assert xcom(dag_run, "quiet")["messages_written"] == 0
-    assert xcom(dag_run, "loud")["messages_written"] == 0
+    for task in ("quiet", "loud"):
+        report = xcom(dag_run, task)
+        assert (report["stopped_because"], report["messages_written"]) == ("nothing_pending", 0)
     with create_session() as session:
         def events(table):
             return [e.extra.get("messages_written") for e in session.query(AssetEvent).join(
