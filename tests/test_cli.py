@@ -84,26 +84,6 @@ def test_unreachable_server_is_a_transient_error_with_a_reason(tmp_path):
     assert "cannot connect to NATS" in last_line(result.stderr)
 
 
-def test_drain_command_reports_json_on_stdout_and_in_the_report_file(stream_with_messages,
-                                                                     nats_server, tmp_path):
-    names = stream_with_messages
-    report_file = tmp_path / "report.json"
-    result = run(JS_ETL, "drain", *drain_args(names, nats_server, tmp_path / "t"),
-                 "--report-file", str(report_file))
-    assert result.returncode == 0, result.stderr[-2000:]
-    report = json.loads(last_line(result.stdout))
-    assert report == json.loads(report_file.read_text())
-    assert report["messages_written"] == 120
-    for key in ("bytes", "dead_letters", "rounds", "delta_versions", "first_seq", "last_seq",
-                "pending_after", "seconds", "phase_seconds"):
-        assert key in report
-
-    status = run(JS_ETL, "status", *drain_args(names, nats_server, tmp_path / "t"))
-    assert status.returncode == 0, status.stderr
-    assert "ack pending" in status.stdout and "ack floor" in status.stdout
-    assert "stream seq 120" in status.stdout
-
-
 def test_workers_whose_python_lacks_js_etls_dependencies_fail_in_one_clear_line(
         stream_with_messages, nats_server, js, tmp_path):
     """A PYSPARK_PYTHON without pyarrow or js-etl: the executors' Python daemon
@@ -230,7 +210,8 @@ def test_a_failure_is_one_line_and_its_traceback_only_with_verbose(stream_with_m
 
 def test_the_example_config_drains_as_shipped(tmp_path):
     """conf/example.yaml against a server of its own (its stream and consumer names are fixed):
-    only the server's address and the table's path change, as the file says they may."""
+    only the server's address and the table's path change, as the file says they may. The
+    report goes to stdout and to ``--report-file``; ``js-etl status`` reads the same config."""
     from deltalake import DeltaTable
 
     from js_etl.config import load_config
@@ -252,11 +233,22 @@ def test_the_example_config_drains_as_shipped(tmp_path):
                 "created_at": f"2026-11-28T10:00:{i:02d}Z"}).encode()) for i in range(20)]
             js.run(publish(js.conn, orders))
             js.run(wait_for_messages(js.conn, "ORDERS", 20))
-        result = run(JS_ETL, "drain", "--config", str(example), env=env, timeout=300)
+        report_file = tmp_path / "report.json"
+        result = run(JS_ETL, "drain", "--config", str(example), "--report-file",
+                     str(report_file), env=env, timeout=300)
+        status = run(JS_ETL, "status", "--config", str(example), env=env)
 
     assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads(last_line(result.stdout))["messages_written"] == 20
+    report = json.loads(last_line(result.stdout))  # the report on stdout and in the file
+    assert report == json.loads(report_file.read_text())
+    assert report["messages_written"] == 20
+    for key in ("bytes", "dead_letters", "rounds", "delta_versions", "first_seq", "last_seq",
+                "pending_after", "seconds", "phase_seconds"):
+        assert key in report
     table = DeltaTable(str(tmp_path / "orders")).to_pyarrow_table(
         columns=["order_id", "customer_id", "published_at", "date"]).to_pylist()
     assert sorted(r["customer_id"] for r in table) == list(range(20))
     assert all(r["date"] == r["published_at"].date() for r in table)  # its partition_by
+    assert status.returncode == 0, status.stderr
+    assert "ack pending" in status.stdout and "ack floor" in status.stdout
+    assert "stream seq 20" in status.stdout

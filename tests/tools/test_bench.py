@@ -21,7 +21,8 @@ from tools.bench.verify import table_problems
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[2]
-LEGS = {"client_limit", "simple_peer", "js_etl"}  # the Connect leg: the S3 test below
+LEGS = {"client_limit", "simple_peer", "js_etl", "js_etl_connect"}  # every default leg
+N = 2000  # messages of the smoke run's one cell
 RATIOS = {"js_etl_vs_client_limit", "js_etl_vs_simple_peer"}
 
 
@@ -30,85 +31,59 @@ def last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-def test_bench_quick_runs_every_leg_verified_and_reports_ratios(tmp_path):
+def test_bench_quick_runs_every_leg_verified_into_s3_with_the_rich_schema(tmp_path):
+    """One small cell of ``--quick`` with every default leg, their tables in a real S3 store
+    (SeaweedFS, started by the bench) and the rich schema (a timestamp, a decimal, a nested
+    struct): every leg verified (the tables as read from the bucket with deltalake, every rich
+    column filled), the ratios and the figures reported, the store's CPU apart. Every leg and
+    every figure is the same code for any size or target."""
     out = tmp_path / "bench.json"
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "TZ": "UTC"}
-    # One workload of the two --quick names (4 KiB messages run in make bench): every leg and
-    # every figure is the same code for any size.
-    proc = subprocess.run([str(BIN / "python"), "-m", "tools.bench", "--quick", "--json", str(out),
-                           "--workdir", str(tmp_path / "work"), "--legs", ",".join(sorted(LEGS)),
-                           "--messages", "20000", "--size", "256"],
+    proc = subprocess.run([str(BIN / "python"), "-m", "tools.bench", "--quick", "--target", "s3",
+                           "--schema", "rich", "--messages", str(N), "--size", "512",
+                           "--json", str(out), "--workdir", str(tmp_path / "work")],
                           capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
 
     result = json.loads(last_line(proc.stdout))
     assert json.loads(out.read_text()) == result
     assert result["ok"] is True and result["failed_legs"] == []
-    assert [(w["messages"], w["size"]) for w in result["workloads"]] == [(20_000, 256)]
-    for w in result["workloads"]:
-        n = w["messages"]
-        assert w["publish"]["last_seq"] - w["publish"]["first_seq"] + 1 == n
-        assert set(w["legs"]) == LEGS
-        for name, leg in w["legs"].items():
-            assert leg["verified"] is True, (name, leg["problems"])
-            assert leg["problems"] == []
-            assert leg["messages"] == n
-            assert leg["consumer"]["num_pending"] == 0
-            assert leg["consumer"]["num_ack_pending"] == 0
-            assert set(leg["peak_rss_mib"]) >= {"driver", "jvm", "workers", "total"}
-        assert w["legs"]["client_limit"]["processes"] == 2
-        for name in ("simple_peer", "js_etl"):
-            counts = w["legs"][name]["table_counts"]
-            assert counts["rows"] == counts["distinct_seq"] == counts["distinct_id"] == n
-        leg = w["legs"]["js_etl"]
-        assert leg["processes"] == 2
-        assert leg["peak_rss_mib"]["jvm"] > 0 and leg["peak_rss_mib"]["driver"] > 0
-        assert set(leg["phase_seconds"]) >= {"fetch", "write", "ack"}
-        by_kind = leg["cpu_seconds"]["by_kind"]
-        assert by_kind["server"] > 0 and by_kind["workers"] > 0 and by_kind["jvm"] > 0
-        assert sum(by_kind.values()) == pytest.approx(leg["cpu_seconds"]["ours"], abs=0.1)
-        assert set(w["ratios"]) == RATIOS and set(w["targets"]) == RATIOS
-        assert set(w["cpu_ratios_all_runs"]) == RATIOS
-        for key in RATIOS:
-            assert isinstance(w["ratios"][key], float) and w["ratios"][key] > 0
-    # The human table is printed too, with the client-limit path named.
-    assert "js-etl / client limit" in proc.stdout
-    assert "CPU seconds by process kind: client limit " in proc.stdout
-    assert "Puller.pull" in proc.stdout
-
-
-def test_bench_quick_on_s3_with_the_rich_schema_verifies_both_tables_in_the_store(tmp_path):
-    """One tiny cell with both legs' tables in a real S3 store (SeaweedFS, started by the bench)
-    and the rich schema (a timestamp, a decimal, a nested struct): both tables verified as read
-    from the bucket with deltalake, every rich column filled, the store's CPU apart."""
-    out = tmp_path / "bench.json"
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "TZ": "UTC"}
-    proc = subprocess.run([str(BIN / "python"), "-m", "tools.bench", "--quick", "--target", "s3",
-                           "--schema", "rich", "--messages", "500", "--size", "512",
-                           "--json", str(out)],
-                          capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-
-    result = json.loads(last_line(proc.stdout))
-    assert result["ok"] is True and result["failed_legs"] == []
     assert result["store"]["endpoint"].startswith("http://127.0.0.1:")
     [cell] = result["workloads"]
-    assert (cell["messages"], cell["size"], cell["target"], cell["schema"]) == (500, 512, "s3",
+    assert (cell["messages"], cell["size"], cell["target"], cell["schema"]) == (N, 512, "s3",
                                                                                 "rich")
-    for name in ("simple_peer", "js_etl", "js_etl_connect"):  # every default leg
-        leg = cell["legs"][name]
+    assert cell["publish"]["last_seq"] - cell["publish"]["first_seq"] + 1 == N
+    assert set(cell["legs"]) == LEGS
+    for name, leg in cell["legs"].items():
         assert leg["verified"] is True, (name, leg["problems"])
+        assert leg["problems"] == []
+        assert leg["messages"] == N
+        assert leg["consumer"]["num_pending"] == 0
+        assert leg["consumer"]["num_ack_pending"] == 0
+        assert set(leg["peak_rss_mib"]) >= {"driver", "jvm", "workers", "total"}
+        assert "store" in leg["cpu_seconds"] and "store" not in leg["cpu_seconds"]["by_kind"]
+    assert cell["legs"]["client_limit"]["processes"] == 2
+    for name in LEGS - {"client_limit"}:
+        leg = cell["legs"][name]
         assert leg["table"].startswith("s3://js-etl-bench-")
         assert leg["verified_with"] == "deltalake (S3 storage options)"
         counts = leg["table_counts"]
-        assert counts["rows"] == counts["distinct_seq"] == counts["distinct_id"] == 500
-        assert counts["filled"] == 500
-        assert "store" in leg["cpu_seconds"] and "store" not in leg["cpu_seconds"]["by_kind"]
-    # The writer js-etl picked is reported, with the reason when it is Spark's.
+        assert counts["rows"] == counts["distinct_seq"] == counts["distinct_id"] == N
+        assert counts["filled"] == N
     ours = cell["legs"]["js_etl"]
+    assert ours["processes"] == 2
+    assert ours["peak_rss_mib"]["jvm"] > 0 and ours["peak_rss_mib"]["driver"] > 0
+    assert set(ours["phase_seconds"]) >= {"fetch", "write", "ack"}
+    by_kind = ours["cpu_seconds"]["by_kind"]
+    assert by_kind["server"] > 0 and by_kind["workers"] > 0 and by_kind["jvm"] > 0
+    assert sum(by_kind.values()) == pytest.approx(ours["cpu_seconds"]["ours"], abs=0.1)
+    # The writer js-etl picked is reported, with the reason when it is Spark's.
     assert ours["writer"] in ("columnar", "spark")
     assert ours["writer"] == "columnar" or ours["writer_note"]
-    assert isinstance(cell["ratios"]["js_etl_vs_simple_peer"], float)
+    assert set(cell["ratios"]) == RATIOS and set(cell["targets"]) == RATIOS
+    assert set(cell["cpu_ratios_all_runs"]) == RATIOS
+    for key in RATIOS:
+        assert isinstance(cell["ratios"][key], float) and cell["ratios"][key] > 0
     # The Connect leg: the same drain as a Spark Connect client, on its own table, its figures
     # as ratios over the classic leg's.
     remote = cell["legs"]["js_etl_connect"]
@@ -117,8 +92,12 @@ def test_bench_quick_on_s3_with_the_rich_schema_verifies_both_tables_in_the_stor
     assert set(remote["phase_seconds"]) >= {"fetch", "write", "ack"}
     for key in ("js_etl_connect_vs_js_etl", "per_cpu_second"):
         assert isinstance(cell["connect_ratios"][key], float) and cell["connect_ratios"][key] > 0
+    # The human table, with the client-limit path named.
+    assert "js-etl / client limit" in proc.stdout
+    assert "CPU seconds by process kind: client limit " in proc.stdout
+    assert "Puller.pull" in proc.stdout
     assert "js-etl over Spark Connect / js-etl on a classic session" in proc.stdout
-    assert "500 x 512 B, target s3, schema rich" in proc.stdout
+    assert f"{N:,} x 512 B, target s3, schema rich" in proc.stdout
     assert "counted apart from every leg" in proc.stdout
 
 
