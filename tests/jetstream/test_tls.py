@@ -177,6 +177,26 @@ def test_server_offering_optional_tls_is_upgraded_when_tls_is_asked_for(optional
     assert connect(optional_tls_server.url, None) is False  # nothing asked: nothing changes
 
 
+def test_nats_py_alone_would_send_the_credentials_in_plaintext_to_that_server(
+        optional_tls_server, pki):
+    """Why js-etl's connect path is its own where nats-py has no public API for it
+    (``_RawClient._process_info``, docs/design/nats-client.md): nats-py's public connect, given
+    a TLS context, upgrades only a server whose INFO *requires* TLS, so it sends CONNECT, token
+    included, in plaintext to one that merely offers it. When a nats-py of the range stops doing
+    so, this fails, and the hook can go."""
+    import nats
+
+    async def over_tls() -> bool:
+        nc = await nats.connect(optional_tls_server.url, tls=TlsOptions(str(pki.ca_file)).context(),
+                                connect_timeout=2, max_reconnect_attempts=0)
+        try:
+            return nc._transport._io_writer.get_extra_info("ssl_object") is not None
+        finally:
+            await nc.close()
+
+    assert asyncio.run(over_tls()) is False
+
+
 def test_trusted_server_carries_jetstream_over_tls(tls_server, pki):
     options = ConnectionOptions(servers=(tls_server.url,), connect_timeout=2,
                                 tls=TlsOptions(str(pki.ca_file)))
@@ -186,6 +206,34 @@ def test_trusted_server_carries_jetstream_over_tls(tls_server, pki):
         assert b'"seq":1' in ack.data
         assert js.stream_info("TLSOK").state.messages == 1
         assert js.conn.nc._transport._io_writer.get_extra_info("ssl_object") is not None
+
+
+@pytest.mark.filterwarnings("ignore:parameter 'timeout' of type 'float':DeprecationWarning")
+def test_a_wss_url_carries_jetstream_and_an_untrusted_certificate_is_one_line_exit_2(pki,
+                                                                                    stranger):
+    """A ``wss://`` URL (the websocket transport, ``js-etl[websocket]``) to a server's websocket
+    listener with TLS: JetStream works over it; a CA that did not sign the server's certificate
+    is the same terminal one-line error as over ``tls://``, with nothing printed after it."""
+    from js_etl.demo.server import free_port
+
+    port = free_port()
+    listener = (f'websocket {{\n  listen: "127.0.0.1:{port}"\n  tls {{ cert_file: '
+                f'"{pki.server_cert}", key_file: "{pki.server_key}" }}\n}}\n')
+    url = f"wss://127.0.0.1:{port}"
+    with LocalNatsServer(config_text=listener):
+        options = ConnectionOptions(servers=(url,), connect_timeout=2,
+                                    tls=TlsOptions(str(pki.ca_file)))
+        with JetStreamSession(options) as js:
+            js.run(js.admin.add_stream("WSS", ["wss.>"]))
+            assert js.stream_info("WSS").name == "WSS"
+
+        result = js_etl(*status_args(url, f"nats.tls.ca_file={stranger.ca_file}"))
+
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"js-etl: TlsError: the TLS certificate of {url} does not verify")
+    assert "nats.tls.ca_file" in lines[0]
 
 
 # --- client certificates -------------------------------------------------------------------------
