@@ -280,7 +280,7 @@ def _backfill(args: argparse.Namespace, spark_submit: bool) -> int:
         drain_target = None
     check_target_paths(config)
     options = config.nats.connection_options()  # secrets resolved before Spark starts
-    options.check_files()
+    options.check()
     job = Backfill(config, request, options=options, drain_target=drain_target)
     job.plan()  # NATS only: a range that cannot be backfilled fails here, before Spark starts
     spark = job_session(config.spark, spark_submit=spark_submit,

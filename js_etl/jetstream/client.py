@@ -22,6 +22,7 @@ whose two ends the suite runs (``tests/jetstream/test_nats_py_range.py``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import ssl
 import time
@@ -244,9 +245,8 @@ class _RawClient(nats.aio.client.Client):
         except ssl.SSLCertVerificationError as e:
             if not self._first_connect:
                 raise  # a reconnect: nats-py retries, then gives up and reports it
-            raise _ConnectRefused(TlsError(
-                f"the TLS certificate of {self._server_url()} does not verify: "
-                f"{e.verify_message or e.reason} ({_tls_fix(self.options)})")) from e
+            raise _ConnectRefused(_unverified(self._server_url(), e,
+                                              self.options.get("tls") is not None)) from e
 
     async def _process_info(self, info: dict[str, Any], initial_connection: bool = False
                             ) -> None:
@@ -318,10 +318,10 @@ class JetStreamConnection:
         try:
             await nc.connect(error_cb=on_error, **kwargs)
         except _ConnectRefused as e:
-            _abandon(nc)
+            await _abandon(nc)
             raise e.error from None
         except Exception as e:  # nats-py raises several unrelated types here
-            _abandon(nc)
+            await _abandon(nc)
             raise _connect_error(e, errors, options) from e
         # Errors after the connect reach the calls they break (pulls, requests, acks); the
         # connect's own collector would only grow for the connection's lifetime.
@@ -404,19 +404,29 @@ async def _ignore_error(error: BaseException) -> None:
     """nats-py's error callback after the connect (see :meth:`JetStreamConnection.open`)."""
 
 
-def _abandon(nc: _RawClient) -> None:
-    """Close the socket of a connect that failed or was refused (no task runs on it yet)."""
+async def _abandon(nc: _RawClient) -> None:
+    """Close the socket of a connect that failed or was refused (no task runs on it yet), and
+    a websocket transport's aiohttp session (else "Unclosed client session" follows the run's
+    error line at exit; the transport's own ``wait_closed`` waits for ever on nats-py 2.14 when
+    no websocket was opened)."""
     transport = nc._transport
     if transport:
         transport.close()
+        session = getattr(transport, "_client", None)
+        if session is not None:
+            with contextlib.suppress(Exception):
+                await session.close()
 
 
-def _tls_fix(options: dict[str, Any]) -> str:
-    if options.get("tls") is not None:
-        return ("check nats.tls.ca_file: it must hold the CA that signed the server's "
-                "certificate, and the URL's host must be named in that certificate")
-    return ("the system's trust store was used: set nats.tls.ca_file to the CA that signed the "
-            "server's certificate")
+def _unverified(server: str, e: ssl.SSLCertVerificationError, tls_given: bool) -> TlsError:
+    if tls_given:
+        fix = ("check nats.tls.ca_file: it must hold the CA that signed the server's "
+               "certificate, and the URL's host must be named in that certificate")
+    else:
+        fix = ("the system's trust store was used: set nats.tls.ca_file to the CA that signed "
+               "the server's certificate")
+    return TlsError(f"the TLS certificate of {server} does not verify: "
+                    f"{e.verify_message or e.reason} ({fix})")
 
 
 def _connect_error(e: BaseException, seen: list[BaseException],
@@ -432,6 +442,11 @@ def _connect_error(e: BaseException, seen: list[BaseException],
                                   f"check nats.creds_file / token / user settings ({cause})")
     if isinstance(e, ValueError | OSError) and "seed" in text:
         return AuthorizationError(f"cannot use the nkey seed/creds file: {e}")
+    # A wss:// URL: aiohttp's connector error carries ssl's, after nats-py's retries.
+    unverified = next((c for x in causes if isinstance(
+        c := getattr(x, "certificate_error", None), ssl.SSLCertVerificationError)), None)
+    if unverified is not None:
+        return _unverified(servers, unverified, options.tls is not None)
     alert = next((x for x in causes if isinstance(x, ssl.SSLError)
                   and "alert" in str(x).lower()), None)
     if alert is not None:

@@ -6,6 +6,7 @@ They are read from files or environment variables, never taken from config liter
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import ssl
 from collections.abc import Mapping
@@ -153,21 +154,31 @@ class ConnectionOptions:
     def api_prefix(self) -> str:
         return f"$JS.{self.domain}.API" if self.domain else "$JS.API"
 
-    def check_files(self) -> None:
-        """Raise ConfigError (exit 2, naming the setting) for a credentials or TLS file that
-        cannot be read. nats-py reads them only inside its connect loop, where a missing file
-        was retried like an unreachable server (exit 75). The paths of the credential files are
-        not shown: a seed pasted in place of a path would be echoed."""
+    def check(self) -> None:
+        """Raise ConfigError (exit 2, naming the setting) for what this machine cannot connect
+        with, found where nats-py would only fail inside its connect loop, retried like an
+        unreachable server (exit 75):
+
+        * a credentials or TLS file that cannot be read (the paths of the credential files are
+          not shown: a seed pasted in place of a path would be echoed);
+        * ``ws://``/``wss://`` servers without aiohttp, which nats-py's websocket transport
+          needs (``js-etl[websocket]``)."""
         for key, path in (("nats.creds_file", self.creds_file),
                           ("nats.nkey_seed_file", self.nkey_seed_file)):
             if path is not None:
                 Secret.from_file(path, key=key)
         if self.tls is not None:
             self.tls.check_files()
+        websocket = [s for s in self.servers if s.split("://", 1)[0].lower() in ("ws", "wss")]
+        if websocket and importlib.util.find_spec("aiohttp") is None:
+            raise ConfigError(
+                f"nats.servers: websocket URLs ({websocket[0]}) need aiohttp, which is not "
+                "installed here: pip install 'js-etl[websocket]' where js-etl runs (the driver "
+                "and every Spark executor), or use nats:// or tls:// URLs")
 
     def connect_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``nats.aio.client.Client.connect``."""
-        self.check_files()
+        self.check()
         kw: dict[str, Any] = {
             "servers": list(self.servers),
             "name": self.name,

@@ -211,7 +211,7 @@ def plan_read(parsed: SourceOptions) -> ReadPlan | RangeFailure:
     raised, or returned where it is only a batch read's (see :meth:`NatsJetStreamSource.schema`).
     """
     options = parsed.nats.connection_options()
-    options.check_files()
+    options.check()
     with JetStreamSession(options) as js:
         stream = source_stream_info(js, parsed.stream, "the option stream")
         refuse_work_queue(stream, "read")

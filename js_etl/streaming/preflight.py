@@ -33,7 +33,7 @@ def check_stream(config: JobConfig, environ: Mapping[str, str] | None = None) ->
     checkpoint_of(config)
     check_target_paths(config)
     options = config.nats.connection_options(environ)
-    options.check_files()
+    options.check()
     with JetStreamSession(options) as js:
         source_stream_info(js, config.source.stream)
         if config.streaming.commit_consumer:

@@ -269,7 +269,7 @@ def test_a_secret_pasted_as_a_path_or_variable_name_is_never_echoed(setting):
                                 setting, *user], environ={})
 
     with pytest.raises(ConfigError) as err:  # before any connection, and before Spark starts
-        config.nats.connection_options(environ={}).check_files()
+        config.nats.connection_options(environ={}).check()
 
     assert key in str(err.value) and SECRET not in str(err.value)
 

@@ -268,3 +268,29 @@ def test_a_session_the_server_closed_as_stale_answers_its_next_request(tmp_path)
             assert js.conn.reconnects > dropped
     finally:
         server.stop()
+
+
+# --- websocket ---------------------------------------------------------------------------------
+@pytest.mark.filterwarnings("ignore:parameter 'timeout' of type 'float':DeprecationWarning")
+def test_a_websocket_url_carries_pulls_and_confirmed_acks():
+    """A ``ws://`` URL (nats-py's websocket transport, ``js-etl[websocket]``) to a server's
+    websocket listener: the pulls' frames reach js-etl's frame parser as over TCP, headers
+    included, and an ack block is confirmed applied."""
+    port = free_port()
+    listener = f'websocket {{ listen: "127.0.0.1:{port}", no_tls: true }}\n'
+    with LocalNatsServer(config_text=listener) as server:
+        options = ConnectionOptions(servers=(f"ws://127.0.0.1:{port}",), connect_timeout=2)
+        with JetStreamSession(options) as js:
+            js.run(js.admin.add_stream("WS", ["ws.>"]))
+            js.run(js.conn.publish("ws.a", b"over websocket", {"Kind": "ws"}))
+            pub(js, "ws.b", 2)
+            consumer(js, "WS", "c")
+            result = js.pull(js.puller("WS", "c"), 10)
+            assert (result.end, len(result.messages)) == (PullEnd.NO_MESSAGES, 3)
+            first = result.messages[0]
+            assert (first.subject, bytes(first.data)) == ("ws.a", b"over websocket")
+            assert first.headers == {"Kind": ["ws"]}
+            assert ack(js, [m.reply for m in result.messages]) == 3
+            info = js.consumer_info("WS", "c")
+            assert (info.num_ack_pending, info.ack_floor.stream_seq) == (0, 3)
+        assert server.url.startswith("nats://")  # the same server, reached the other way

@@ -364,3 +364,20 @@ def test_connection_options_repr_and_pickle():
         .connect_kwargs()
     assert kw["token"] == "tok-123" and kw["password"] == "pw"
     assert ConnectionOptions().api_prefix == "$JS.API"
+
+
+def test_websocket_urls_without_aiohttp_are_a_config_error(monkeypatch):
+    """nats-py's websocket transport needs aiohttp: without it the connect loop raised
+    ImportError, read as an unreachable server (exit 75, retried for ever)."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "aiohttp" else real(name, *a))
+    for url in ("ws://127.0.0.1:8080", "WSS://nats.example.com/ws"):
+        options = ConnectionOptions(servers=("nats://127.0.0.1:4222", url))
+        with pytest.raises(ConfigError, match=r"websocket URLs \(.*\) need aiohttp.*"
+                                              r"js-etl\[websocket\]") as refused:
+            options.connect_kwargs()
+        assert refused.value.exit_code == 2
+    ConnectionOptions(servers=("nats://127.0.0.1:4222", "tls://h:4222")).check()  # no websocket
