@@ -25,7 +25,7 @@ def check_drain(config: JobConfig, environ: Mapping[str, str] | None = None
     (:func:`check_drainable`)."""
     check_target_paths(config)
     options = config.nats.connection_options(environ)
-    options.check()  # credential and TLS files readable: exit 2 now, not after Spark
+    options.check()  # files readable, websocket usable: exit 2 now, not after Spark
     return options, check_drainable(config, options)
 
 

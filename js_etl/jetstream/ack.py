@@ -48,7 +48,12 @@ import nats.errors
 from js_etl.errors import JsEtlError
 from js_etl.jetstream.client import JetStreamConnection
 from js_etl.jetstream.errors import ConsumerUnavailableError, NatsUnavailableError
-from js_etl.jetstream.subjects import ack_subject, framed_ack_subjects, parse_ack_subject
+from js_etl.jetstream.subjects import (
+    ACK_SUBJECTS,
+    ack_subject,
+    framed_ack_subjects,
+    parse_ack_subject,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -166,6 +171,9 @@ class Acker:
                     "elected, or it was deleted", code=503) from e
             except (nats.errors.TimeoutError, nats.errors.ConnectionClosedError,
                     NatsUnavailableError) as e:
+                refusal = await self.conn.refused(ACK_SUBJECTS)  # acks this user may not send
+                if refusal is not None:
+                    raise refusal from e
                 problem = f"{type(e).__name__}: {e}"
             else:
                 if self.conn.reconnects == reconnects:

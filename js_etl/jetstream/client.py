@@ -24,8 +24,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import ssl
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import ParseResult
@@ -302,31 +304,39 @@ class JetStreamConnection:
     >>> await conn.close()
     """
 
-    def __init__(self, nc: _RawClient, options: ConnectionOptions) -> None:
+    def __init__(self, nc: _RawClient, options: ConnectionOptions,
+                 server_errors: _ServerErrors) -> None:
         self.nc = nc
         self.options = options
+        self._server_errors = server_errors
 
     @classmethod
     async def open(cls, options: ConnectionOptions) -> JetStreamConnection:
         kwargs = options.connect_kwargs()  # a bad TLS file is a ConfigError here, not a retry
         nc = _RawClient(require_tls=options.requires_tls)
-        errors: list[BaseException] = []
-
-        async def on_error(e: BaseException) -> None:
-            errors.append(e)
-
+        server_errors = _ServerErrors()
         try:
-            await nc.connect(error_cb=on_error, **kwargs)
+            await nc.connect(error_cb=server_errors.record, **kwargs)
         except _ConnectRefused as e:
             await _abandon(nc)
             raise e.error from None
         except Exception as e:  # nats-py raises several unrelated types here
             await _abandon(nc)
-            raise _connect_error(e, errors, options) from e
-        # Errors after the connect reach the calls they break (pulls, requests, acks); the
-        # connect's own collector would only grow for the connection's lifetime.
-        nc._error_cb = _ignore_error
-        return cls(nc, options)
+            raise _connect_error(e, server_errors.of_connect, options) from e
+        server_errors.connected = True
+        return cls(nc, options, server_errors)
+
+    async def refused(self, subject: str) -> AuthorizationError | None:
+        """Why a command this connection sent went unanswered, if the server refused it: a
+        publish to ``subject`` (a prefix when it ends with ``.``) or a subscription (a
+        request's or a pull's inbox) this user may not make. The server drops such a command
+        and says so only in an ``-ERR``, which nats-py hands to its error callback: a request
+        or a pull then just times out. A ``PING`` is answered first: the server answers one
+        connection's commands in order, so every ``-ERR`` for what was sent before is in by
+        its ``PONG``, however slow the server."""
+        with contextlib.suppress(Exception):  # a broken connection: nothing more to learn
+            await self.nc.flush(timeout=max(1, round(self.options.connect_timeout)))
+        return self._server_errors.refusal(subject)
 
     @property
     def reconnects(self) -> int:
@@ -371,7 +381,8 @@ class JetStreamConnection:
                 f"no JetStream answered {subject}: is JetStream enabled on the server "
                 f"(nats-server -js), and is the domain right?") from e
         except nats.errors.TimeoutError as e:
-            raise NatsUnavailableError(f"JetStream did not answer {subject} in {timeout}s") from e
+            raise await self.refused(subject) or NatsUnavailableError(
+                f"JetStream did not answer {subject} in {timeout}s") from e
         except nats.errors.ConnectionClosedError as e:
             raise NatsUnavailableError(f"connection closed during {subject}") from e
         data = json.loads(msg.data) if msg.data else {}
@@ -389,8 +400,8 @@ class JetStreamConnection:
         except nats.errors.NoRespondersError as e:
             raise NatsUnavailableError(f"no stream captures {subject}") from e
         except nats.errors.TimeoutError as e:
-            raise NatsUnavailableError(f"JetStream did not acknowledge {subject} in "
-                                       f"{timeout}s") from e
+            raise await self.refused(subject) or NatsUnavailableError(
+                f"JetStream did not acknowledge {subject} in {timeout}s") from e
         except nats.errors.ConnectionClosedError as e:
             raise NatsUnavailableError(f"connection closed during a publish to {subject}"
                                        ) from e
@@ -400,8 +411,44 @@ class JetStreamConnection:
         return data
 
 
-async def _ignore_error(error: BaseException) -> None:
-    """nats-py's error callback after the connect (see :meth:`JetStreamConnection.open`)."""
+# The server's -ERR for a command this user may not send, as nats-py hands it on (lowercased).
+_DENIED = re.compile(r'permissions violation for (publish|subscription) to "?([^"\s]+)')
+
+
+class _ServerErrors:
+    """nats-py's error callback of one connection: the errors of its connect (for the one line
+    that says why it failed), then the last subjects the server refused this user
+    (:meth:`JetStreamConnection.refused`); other errors reach the calls they break."""
+
+    def __init__(self) -> None:
+        self.connected = False
+        self.of_connect: list[BaseException] = []
+        # (publish|subscription, subject): a few are enough, and a refused ack block would
+        # otherwise add one a message.
+        self.denied: deque[tuple[str, str]] = deque(maxlen=16)
+
+    async def record(self, error: BaseException) -> None:
+        if not self.connected:
+            self.of_connect.append(error)
+        elif found := _DENIED.search(str(error)):
+            self.denied.append((found[1], found[2]))
+
+    def refusal(self, subject: str) -> AuthorizationError | None:
+        wanted = subject.lower()  # nats-py lowercases the server's error
+        for kind, denied in reversed(self.denied):
+            if kind == "subscription":
+                what = f"subscribe to {denied}"  # an inbox: nothing sent here is answered
+            elif denied == wanted:
+                what = f"publish to {subject}"
+            elif wanted.endswith(".") and denied.startswith(wanted):
+                what = f"publish to {subject}> ({denied})"
+            else:
+                continue
+            return AuthorizationError(
+                f"NATS does not allow this user to {what} (the server's permissions "
+                "violation): allow it for the user js-etl connects as (js-etl's docs, Running, "
+                "\"Permissions\", list the subjects it uses)")
+        return None
 
 
 async def _abandon(nc: _RawClient) -> None:

@@ -297,6 +297,12 @@ class Puller:
             if not clean or self.conn.reconnects != reconnects:
                 await self._drop_subscription()
         end = self._end(collector, request, clean, self.conn.reconnects != reconnects)
+        if end is PullEnd.DEADLINE and not collector.messages:
+            # Nothing at all: at max_ack_pending, or a pull or an inbox this user may not use,
+            # which the server drops (else five empty rounds would end the run as if done).
+            refusal = await self.conn.refused(self._subject)
+            if refusal is not None:
+                raise refusal
         if self.priority_group is not None:
             if end is PullEnd.PIN_MISMATCH:  # the server wants a retry without an id (ADR-42)
                 self.priority_group = replace(self.priority_group, id=None)

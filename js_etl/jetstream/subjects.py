@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # pyarrow is the fetch's, imported where used: Airflow hosts go without it
     import pyarrow as pa
 
-_ACK_PREFIX = "$JS.ACK."
+ACK_SUBJECTS = "$JS.ACK."  # every ack subject starts so
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def ack_prefix(stream: str, consumer: str) -> str:
     """``$JS.ACK.<stream>.<consumer>``: the part of the reply subject (9-token form) shared by
     every delivery of one consumer."""
-    return f"{_ACK_PREFIX}{stream}.{consumer}"
+    return f"{ACK_SUBJECTS}{stream}.{consumer}"
 
 
 def prefix_stream(prefix: str) -> str:
@@ -92,7 +92,7 @@ class AckMetadata:
         if self.account_hash is None:
             return ack_prefix(self.stream, self.consumer)
         domain = self.domain or "_"
-        return f"{_ACK_PREFIX}{domain}.{self.account_hash}.{self.stream}.{self.consumer}"
+        return f"{ACK_SUBJECTS}{domain}.{self.account_hash}.{self.stream}.{self.consumer}"
 
 
 def parse_ack_subject(reply: str) -> AckMetadata:

@@ -14,6 +14,7 @@ from js_etl.drain.run import run_drain
 from js_etl.errors import TerminalError
 from js_etl.jetstream import AckPolicy, ConsumerConfig, JetStreamSession
 from js_etl.jetstream.errors import ConsumerConfigError, ConsumerNotFoundError, StreamNotFoundError
+from js_etl.spark.failures import failure_reason
 
 SCHEMA = "id BIGINT, kind STRING"
 
@@ -408,3 +409,55 @@ def test_a_round_that_fails_after_its_fetch_releases_its_deliveries_at_once(
     monkeypatch.undo()
     assert run_drain(spark, config).messages_written == 50
     assert seqs(spark, tmp_path / "table") == list(range(1, 51))
+
+
+def test_a_user_with_the_documented_permissions_drains_and_one_without_pulls_exits_2(
+        spark, names, tmp_path, monkeypatch):
+    """The permissions block of docs/running.md ("Permissions"), as written, on a real server:
+    a user without the pull subject fails the run at once with exit 2 naming it (else its
+    pulls, dropped by the server, looked like an empty consumer); the user with the block
+    drains every message."""
+    import re
+    from pathlib import Path
+
+    from js_etl.demo.server import LocalNatsServer
+    from js_etl.jetstream import ConnectionOptions, Secret
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "running.md").read_text()
+    block = re.search(r"## Permissions\n.*?```\n(.*?)```", page, re.DOTALL)
+    assert block, "docs/running.md has no Permissions block"
+    granted = (block[1].replace("<stream>", names.stream).replace("<consumer>", names.consumer)
+               .replace("<bucket>", "js-etl-leases"))
+    pull = f'"$JS.API.CONSUMER.MSG.NEXT.{names.stream}.{names.consumer}", '
+    assert pull in granted
+    users = (f"authorization {{ users = [ {{user: admin, password: a}}\n"
+             f"{{user: etl, password: e, {granted}}}\n"
+             f"{{user: nopull, password: e, {granted.replace(pull, '')}}} ] }}\n")
+    monkeypatch.setenv("JS_ETL_TEST_PASSWORD", "e")  # where the driver and executors read it
+    with LocalNatsServer(tmp_path / "nats", config_text=users) as server:
+        with JetStreamSession(ConnectionOptions(servers=(server.url,), user="admin",
+                                                password=Secret("a"))) as admin:
+            add_stream(admin, names)
+            publish_and_wait(admin, names, [(f"{names.prefix}.e", b"%d" % i)
+                                            for i in range(20)])
+
+            def drain(user: str) -> Any:
+                return run_drain(spark, load_config(None, [
+                    f"nats.servers={server.url}", f"nats.user={user}",
+                    "nats.password_env=JS_ETL_TEST_PASSWORD",
+                    f"source.stream={names.stream}", f"source.consumer={names.consumer}",
+                    "source.create_consumer=true", f"target.path={tmp_path / 'table'}",
+                    "fetch.partitions=2", "fetch.pull_timeout=1"], environ={}))
+
+            with pytest.raises(Exception) as denied:  # raised in the fetch tasks
+                drain("nopull")
+            line, exit_code = failure_reason(denied.value)  # what `js-etl drain` prints
+            assert exit_code == 2
+            assert line.startswith("AuthorizationError: NATS does not allow this user to publish "
+                                   f"to $JS.API.CONSUMER.MSG.NEXT.{names.stream}.{names.consumer}"
+                                   " (the server's permissions violation)"), line
+            assert admin.consumer_info(names.stream, names.consumer).num_ack_pending == 0
+
+            report = drain("etl")
+            assert (report.messages_written, report.stopped_because) == (20, "drained")
+            assert seqs(spark, tmp_path / "table") == list(range(1, 21))

@@ -35,6 +35,7 @@ from js_etl.jetstream import (
     Secret,
     ack_subject,
 )
+from js_etl.jetstream.ack import Acker
 from js_etl.jetstream.errors import AuthorizationError, NatsUnavailableError
 
 
@@ -294,3 +295,55 @@ def test_a_websocket_url_carries_pulls_and_confirmed_acks():
             info = js.consumer_info("WS", "c")
             assert (info.num_ack_pending, info.ack_floor.stream_seq) == (0, 3)
         assert server.url.startswith("nats://")  # the same server, reached the other way
+
+
+# --- subjects this user may not use ------------------------------------------------------------
+_USERS = """
+authorization {
+  users = [
+    {user: admin, password: a}
+    {user: nopull, password: p, permissions: {
+        publish: {deny: ["$JS.API.CONSUMER.MSG.NEXT.>"]}, subscribe: {allow: [">"]}}}
+    {user: noack, password: p, permissions: {
+        publish: {deny: ["$JS.ACK.>"]}, subscribe: {allow: [">"]}}}
+    {user: noinbox, password: p, permissions: {subscribe: {deny: ["_INBOX.>"]}}}
+  ]
+}
+"""
+
+
+def test_a_subject_the_user_may_not_use_is_a_terminal_error_naming_it_not_a_timeout():
+    """The server drops a command the user may not send and says so only in an ``-ERR``: a pull
+    would end as if the consumer were at max_ack_pending (five empty rounds later a drain would
+    end "nothing_fetched", exit 0), a request or an ack block as if JetStream did not answer
+    (exit 75, retried for ever). Each is an AuthorizationError (exit 2) naming the subject."""
+    with LocalNatsServer(config_text=_USERS) as server:
+        def session(user: str) -> JetStreamSession:
+            return JetStreamSession(ConnectionOptions(
+                servers=(server.url,), connect_timeout=2, user=user,
+                password=Secret("a" if user == "admin" else "p")))
+
+        with session("admin") as admin:
+            admin.run(admin.admin.add_stream("P", ["p.>"]))
+            pub(admin, "p.x", 3)
+            consumer(admin, "P", "c")
+            pulled = admin.pull(admin.puller("P", "c"), 3)
+            replies = [m.reply for m in pulled.messages]
+
+        with session("nopull") as js:
+            with pytest.raises(AuthorizationError) as denied:
+                js.pull(js.puller("P", "c"), 10, timeout=1)
+            assert "not allow this user to publish to $JS.API.CONSUMER.MSG.NEXT.P.c" in str(
+                denied.value)
+            assert js.consumer_info("P", "c").num_ack_pending == 3  # the rest works
+        with session("noack") as js:
+            acker = Acker(js.conn, confirm_timeout=0.5, attempts=1)
+            with pytest.raises(AuthorizationError, match=r"publish to \$JS\.ACK\.> \(\$js\.ack"):
+                js.run(acker.ack(replies))
+        with session("noinbox") as js:
+            with pytest.raises(AuthorizationError, match="subscribe to _inbox"):
+                js.run(js.conn.request("STREAM.INFO.P", timeout=0.5))
+
+        assert isinstance(denied.value, TerminalError) and denied.value.exit_code == 2
+        with session("admin") as admin:  # nothing was acked by the refused blocks
+            assert admin.consumer_info("P", "c").num_ack_pending == 3
