@@ -118,6 +118,15 @@ def ack_block(prefix: str, num_delivered: pa.Array, stream_seq: pa.Array, consum
     return AckBlock(bytes(memoryview(data)[first:last]), n, last_subject, body)
 
 
+def _ack_subjects_of(block: AckBlock) -> str:
+    """The prefix of the ack subjects of the block's consumer, ``$JS.ACK.<stream>.<consumer>.``
+    (or its domain form); ``$JS.ACK.`` for a subject that does not parse."""
+    try:
+        return parse_ack_subject(block.last_subject).ack_prefix + "."
+    except ValueError:
+        return ACK_SUBJECTS
+
+
 class Acker:
     """Sends ack blocks (acks, NAKs, TERMs) over one connection, each confirmed applied (module
     docstring).
@@ -171,7 +180,8 @@ class Acker:
                     "elected, or it was deleted", code=503) from e
             except (nats.errors.TimeoutError, nats.errors.ConnectionClosedError,
                     NatsUnavailableError) as e:
-                refusal = await self.conn.refused(ACK_SUBJECTS)  # acks this user may not send
+                # Acks this user may not send (the block's consumer's ack subjects).
+                refusal = await self.conn.refused(_ack_subjects_of(block))
                 if refusal is not None:
                     raise refusal from e
                 problem = f"{type(e).__name__}: {e}"

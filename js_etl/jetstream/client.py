@@ -336,6 +336,9 @@ class JetStreamConnection:
         its ``PONG``, however slow the server."""
         with contextlib.suppress(Exception):  # a broken connection: nothing more to learn
             await self.nc.flush(timeout=max(1, round(self.options.connect_timeout)))
+        prefix = self.options.api_prefix + "."
+        if subject.startswith(prefix):  # a domain's $JS.<domain>.API is checked as $JS.API
+            subject = "$JS.API." + subject[len(prefix):]
         return self._server_errors.refusal(subject)
 
     @property
@@ -436,12 +439,12 @@ class _ServerErrors:
     def refusal(self, subject: str) -> AuthorizationError | None:
         wanted = subject.lower()  # nats-py lowercases the server's error
         for kind, denied in reversed(self.denied):
-            if kind == "subscription":
-                what = f"subscribe to {denied}"  # an inbox: nothing sent here is answered
-            elif denied == wanted:
-                what = f"publish to {subject}"
-            elif wanted.endswith(".") and denied.startswith(wanted):
-                what = f"publish to {subject}> ({denied})"
+            if kind == "subscription":  # an inbox (nats-py's _INBOX): nothing here is answered
+                what = "subscribe to _INBOX.>" if denied.startswith("_inbox.") else (
+                    f"subscribe to {denied}")
+            elif denied == wanted or (wanted.endswith(".") and denied.startswith(wanted)):
+                what = f"publish to {subject}>" if wanted.endswith(".") else (
+                    f"publish to {subject}")
             else:
                 continue
             return AuthorizationError(

@@ -299,6 +299,7 @@ def test_a_websocket_url_carries_pulls_and_confirmed_acks():
 
 # --- subjects this user may not use ------------------------------------------------------------
 _USERS = """
+jetstream { domain: hub }
 authorization {
   users = [
     {user: admin, password: a}
@@ -316,11 +317,12 @@ def test_a_subject_the_user_may_not_use_is_a_terminal_error_naming_it_not_a_time
     """The server drops a command the user may not send and says so only in an ``-ERR``: a pull
     would end as if the consumer were at max_ack_pending (five empty rounds later a drain would
     end "nothing_fetched", exit 0), a request or an ack block as if JetStream did not answer
-    (exit 75, retried for ever). Each is an AuthorizationError (exit 2) naming the subject."""
+    (exit 75, retried for ever). Each is an AuthorizationError (exit 2) naming the subject to
+    allow, as the server checks it: a JetStream domain's ``$JS.hub.API`` as ``$JS.API``."""
     with LocalNatsServer(config_text=_USERS) as server:
         def session(user: str) -> JetStreamSession:
             return JetStreamSession(ConnectionOptions(
-                servers=(server.url,), connect_timeout=2, user=user,
+                servers=(server.url,), connect_timeout=2, user=user, domain="hub",
                 password=Secret("a" if user == "admin" else "p")))
 
         with session("admin") as admin:
@@ -338,10 +340,10 @@ def test_a_subject_the_user_may_not_use_is_a_terminal_error_naming_it_not_a_time
             assert js.consumer_info("P", "c").num_ack_pending == 3  # the rest works
         with session("noack") as js:
             acker = Acker(js.conn, confirm_timeout=0.5, attempts=1)
-            with pytest.raises(AuthorizationError, match=r"publish to \$JS\.ACK\.> \(\$js\.ack"):
+            with pytest.raises(AuthorizationError, match=r"publish to \$JS\.ACK\.P\.c\.> "):
                 js.run(acker.ack(replies))
         with session("noinbox") as js:
-            with pytest.raises(AuthorizationError, match="subscribe to _inbox"):
+            with pytest.raises(AuthorizationError, match=r"subscribe to _INBOX\.> "):
                 js.run(js.conn.request("STREAM.INFO.P", timeout=0.5))
 
         assert isinstance(denied.value, TerminalError) and denied.value.exit_code == 2
