@@ -181,7 +181,7 @@ class Acker:
             except (nats.errors.TimeoutError, nats.errors.ConnectionClosedError,
                     NatsUnavailableError) as e:
                 # Acks this user may not send (the block's consumer's ack subjects).
-                refusal = await self.conn.refused(_ack_subjects_of(block))
+                refusal = self.conn.refused(_ack_subjects_of(block))
                 if refusal is not None:
                     raise refusal from e
                 problem = f"{type(e).__name__}: {e}"

@@ -326,16 +326,16 @@ class JetStreamConnection:
         server_errors.connected = True
         return cls(nc, options, server_errors)
 
-    async def refused(self, subject: str) -> AuthorizationError | None:
+    def refused(self, subject: str) -> AuthorizationError | None:
         """Why a command this connection sent went unanswered, if the server refused it: a
         publish to ``subject`` (a prefix when it ends with ``.``) or a subscription (a
         request's or a pull's inbox) this user may not make. The server drops such a command
         and says so only in an ``-ERR``, which nats-py hands to its error callback: a request
-        or a pull then just times out. A ``PING`` is answered first: the server answers one
-        connection's commands in order, so every ``-ERR`` for what was sent before is in by
-        its ``PONG``, however slow the server."""
-        with contextlib.suppress(Exception):  # a broken connection: nothing more to learn
-            await self.nc.flush(timeout=max(1, round(self.options.connect_timeout)))
+        or a pull then just times out. Relies on that ``-ERR`` having come by then: the server
+        sends it as it reads the command, and the callers ask only after a timeout of their
+        own (a pull's deadline, a request's timeout). Not a ``PING`` to make sure: nats-py's
+        ``flush`` that times out leaves its future behind, and the late ``PONG`` of a slow
+        server then breaks the connection's reading (``InvalidStateError``)."""
         prefix = self.options.api_prefix + "."
         if subject.startswith(prefix):  # a domain's $JS.<domain>.API is checked as $JS.API
             subject = "$JS.API." + subject[len(prefix):]
@@ -384,7 +384,7 @@ class JetStreamConnection:
                 f"no JetStream answered {subject}: is JetStream enabled on the server "
                 f"(nats-server -js), and is the domain right?") from e
         except nats.errors.TimeoutError as e:
-            raise await self.refused(subject) or NatsUnavailableError(
+            raise self.refused(subject) or NatsUnavailableError(
                 f"JetStream did not answer {subject} in {timeout}s") from e
         except nats.errors.ConnectionClosedError as e:
             raise NatsUnavailableError(f"connection closed during {subject}") from e
@@ -403,7 +403,7 @@ class JetStreamConnection:
         except nats.errors.NoRespondersError as e:
             raise NatsUnavailableError(f"no stream captures {subject}") from e
         except nats.errors.TimeoutError as e:
-            raise await self.refused(subject) or NatsUnavailableError(
+            raise self.refused(subject) or NatsUnavailableError(
                 f"JetStream did not acknowledge {subject} in {timeout}s") from e
         except nats.errors.ConnectionClosedError as e:
             raise NatsUnavailableError(f"connection closed during a publish to {subject}"

@@ -300,7 +300,7 @@ class Puller:
         if end is PullEnd.DEADLINE and not collector.messages:
             # Nothing at all: at max_ack_pending, or a pull or an inbox this user may not use,
             # which the server drops (else five empty rounds would end the run as if done).
-            refusal = await self.conn.refused(self._subject)
+            refusal = self.conn.refused(self._subject)
             if refusal is not None:
                 raise refusal
         if self.priority_group is not None:
