@@ -29,7 +29,7 @@ from js_etl.drain.run import run_drain
 from js_etl.durable.lease import ConsumerLease
 from js_etl.errors import RunRefusedError
 from js_etl.jetstream import ConsumerConfig, JetStreamSession
-from js_etl.jetstream.errors import JetStreamError
+from js_etl.jetstream.errors import JetStreamError, WrongLastSequenceError
 from js_etl.spark.failures import is_transient
 
 
@@ -45,6 +45,21 @@ def _setup(cjs: JetStreamSession, names: Any, n: int) -> None:
     cjs.run(cjs.admin.create_consumer(names.stream, ConsumerConfig(
         durable_name=names.consumer, ack_wait=120, max_ack_pending=100_000)))
     wait_consumer_current(cjs, names.stream, names.consumer)
+
+    def stream_answers() -> bool:
+        # Right after an earlier test restarted a node, the node this session talks to may not
+        # know yet who stores the stream's subject: a publish then has no responder (503).
+        # A publish the stream must refuse (a wrong expected last sequence) stores nothing.
+        try:
+            cjs.run(cjs.conn.publish(f"{names.prefix}.probe", b"",
+                                     {"Nats-Expected-Last-Sequence": str(2**62)}, timeout=2))
+        except WrongLastSequenceError:
+            return True
+        except JetStreamError:
+            return False
+        raise AssertionError("the stream stored a publish it had to refuse")
+
+    wait_for(stream_answers, 60.0, "the stream's subject answered", interval=0.2)
     publish_and_wait(cjs, names, [(f"{names.prefix}.e", json.dumps({"id": i}).encode())
                                   for i in range(n)])
 
