@@ -125,8 +125,8 @@ import no_spark
 no_spark.install()
 from airflow_support import load_dag, task_states
 dag_run = load_dag(Path(sys.argv[1])).test()
-print("DAG RESULT", json.dumps({"states": task_states(dag_run), "run_id": dag_run.run_id,
-                                "dag_id": dag_run.dag_id}))
+Path(sys.argv[2]).write_text(json.dumps({"states": task_states(dag_run),
+                                         "run_id": dag_run.run_id, "dag_id": dag_run.dag_id}))
 """
 
 
@@ -142,11 +142,14 @@ def dag_test_on_airflow_host(path: Path) -> tuple[dict[str, str], Any]:
     here = Path(__file__).resolve().parent
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(here), str(here.parent / "support"), str(REPO)])}
-    done = subprocess.run([sys.executable, "-c", _ON_AIRFLOW_HOST, str(path)], env=env,
-                          capture_output=True, text=True, timeout=600, check=False)
+    # The result in a file: on stdout, Airflow's log lines (some from other threads) could run
+    # into it (seen once: the line was not found).
+    result_file = path.with_suffix(".result.json")
+    done = subprocess.run([sys.executable, "-c", _ON_AIRFLOW_HOST, str(path), str(result_file)],
+                          env=env, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    [line] = [line for line in done.stdout.splitlines() if line.startswith("DAG RESULT ")]
-    result = json.loads(line.removeprefix("DAG RESULT "))
+    assert result_file.exists(), done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(result_file.read_text())
     return result["states"], SimpleNamespace(run_id=result["run_id"], dag_id=result["dag_id"],
                                              log=done.stdout + done.stderr)
 
