@@ -119,6 +119,11 @@ class TlsOptions:
         return ctx
 
 
+def _scheme(server: str) -> str:
+    """A server URL's scheme, lowercased; empty for a plain ``host:port`` (nats://)."""
+    return server.split("://", 1)[0].lower() if "://" in server else ""
+
+
 def _ssl_reason(e: Exception) -> str:
     reason = getattr(e, "reason", None) or str(e) or type(e).__name__
     return str(reason).splitlines()[0]
@@ -147,8 +152,7 @@ class ConnectionOptions:
     def requires_tls(self) -> bool:
         """A ``tls://`` or ``wss://`` URL, or any TLS setting: TLS or no connection at all
         (never a silent plaintext fallback to a server that does not offer TLS)."""
-        return self.tls is not None or any(
-            s.split("://", 1)[0].lower() in ("tls", "wss") for s in self.servers if "://" in s)
+        return self.tls is not None or any(_scheme(s) in ("tls", "wss") for s in self.servers)
 
     @property
     def api_prefix(self) -> str:
@@ -169,7 +173,7 @@ class ConnectionOptions:
                 Secret.from_file(path, key=key)
         if self.tls is not None:
             self.tls.check_files()
-        websocket = [s for s in self.servers if s.split("://", 1)[0].lower() in ("ws", "wss")]
+        websocket = [s for s in self.servers if _scheme(s) in ("ws", "wss")]
         if websocket and importlib.util.find_spec("aiohttp") is None:
             raise ConfigError(
                 f"nats.servers: websocket URLs ({websocket[0]}) need aiohttp, which is not "
