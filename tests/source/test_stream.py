@@ -162,6 +162,30 @@ def test_a_batch_whose_messages_go_before_its_tasks_read_them_fails_there_unless
         lenient.stop()
 
 
+def test_messages_the_streams_limits_dropped_fail_the_next_batch_or_are_skipped(
+        js, names, nats_server):
+    """Retention, not a purge: a stream that keeps its last 10 messages drops the oldest as new
+    ones come, between one batch's end and the next batch's planning."""
+    js.run(js.admin.add_stream(names.stream, [names.subject], max_msgs=10))
+    publish_and_wait(js, names, numbered(names, 1, 11))
+    strict = direct_reader(nats_server.url, names.stream, max_messages_per_batch=4)
+    lenient = direct_reader(nats_server.url, names.stream, max_messages_per_batch=4,
+                            fail_on_data_loss="false")
+    try:
+        limit = strict.getDefaultReadLimit()
+        first_end = strict.latestOffset(strict.initialOffset(), limit)
+        assert first_end["seq"] == 5
+        publish_and_wait(js, names, numbered(names, 11, 21))  # seqs 1..10 dropped
+        with pytest.raises(PurgedRangeError,
+                           match="no longer holds seqs 5..10,.* first available is seq 11;"):
+            strict.latestOffset(first_end, limit)
+        assert lenient.latestOffset(first_end, limit) == {
+            "stream": names.stream, "seq": 15, "skipped": 6}
+    finally:
+        strict.stop()
+        lenient.stop()
+
+
 def test_max_bytes_per_batch_cuts_by_the_streams_average_message_size(js, names, nats_server):
     add_stream(js, names)
     publish_and_wait(js, names, [(f"{names.prefix}.e", b"x" * 1000)] * 100)
