@@ -73,11 +73,12 @@ SEEDS ?=
 soak: setup
 	$(BIN)/python tests/support/schedules.py soak --schedules $(SCHEDULES) $(foreach s,$(SEEDS),--seed $(s)) $(if $(S3),--s3)
 
-# The performance page's benchmark (tens of minutes here), three results files from which
+# The performance page's benchmark (tens of minutes here), four results files from which
 # docs/performance.md and its charts are generated: js-etl against a simple peer, and as a Spark
 # Connect client, on local and S3 tables, flat and rich schemas, 256 B and 4 KiB
 # (docs/performance.json); js-etl against the client limit with 1, 2 and 4 fetch partitions
-# (docs/performance-partitions.json); memory against backlog (docs/performance-memory.json).
+# (docs/performance-partitions.json); memory against backlog (docs/performance-memory.json);
+# the Structured Streaming job against the drain (docs/performance-stream.json).
 # `python -m tools.bench` runs other workloads.
 bench: setup
 	$(BIN)/python -m tools.bench --target local,s3 --schema flat,rich --messages 200000,50000 \
@@ -86,6 +87,8 @@ bench: setup
 	$(BIN)/python -m tools.bench --partitions 1,2,4 --messages 200000,50000 --size 256,4096 \
 		--legs client_limit,js_etl --repeat 2 --json docs/performance-partitions.json
 	$(BIN)/python -m tools.bench --memory-check --json docs/performance-memory.json
+	$(BIN)/python -m tools.bench --target local,s3 --messages 200000,50000 --size 256,4096 \
+		--legs js_etl,js_etl_stream --repeat 2 --json docs/performance-stream.json
 	$(BIN)/python -m tools.bench.page
 
 # The drain job by spark-submit on a Spark standalone cluster with 1, 2 and 4 one-core executors

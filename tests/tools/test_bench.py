@@ -305,8 +305,8 @@ def test_the_performance_page_is_the_rendering_of_the_last_results_file():
     they cannot drift from them."""
     from tools.bench.page import CHARTS, PAGE, charts, render, results
 
-    result, partitions, memory = results()
-    page = render(result, partitions, memory)
+    result, partitions, memory, stream = results()
+    page = render(result, partitions, memory, stream)
     assert PAGE.read_text() == page
     svgs = charts(result, partitions, memory)
     assert sorted(path.name for path in CHARTS.iterdir()) == sorted(svgs)  # none stale either
@@ -317,7 +317,10 @@ def test_the_performance_page_is_the_rendering_of_the_last_results_file():
     # The same make bench's sweep (1, 2 and 4 partitions, 2 sizes) and memory check (N, 4N):
     assert partitions is not None and partitions["ok"] and len(partitions["workloads"]) == 6
     assert memory is not None and len(memory["memory_check"]["runs"]) == 2
-    assert {"## By partitions", "## Memory against backlog"} <= set(page.splitlines())
+    # and its stream job against the drain (local and S3, 2 sizes):
+    assert stream is not None and stream["ok"] and len(stream["workloads"]) == 4
+    assert {"## By partitions", "## Memory against backlog",
+            "## Structured Streaming against the drain"} <= set(page.splitlines())
 
 
 def test_the_performance_page_marks_a_missed_target():
@@ -336,6 +339,32 @@ def test_the_performance_page_marks_a_missed_target():
                              "cpu_targets": {"js_etl_vs_simple_peer": 1.0}}]}
     (row,) = [line for line in render(result).splitlines() if line.startswith("| local")]
     assert "| 1.10 (≥ 1.2: **not met**) |" in row and "| 1.00 (≥ 1: met) |" in row, row
+
+
+def test_the_stream_job_gets_a_table_against_the_drain():
+    from tools.bench.page import render
+
+    leg = {"verified": True, "msg_per_s": 1000, "msg_per_cpu_s": 500}
+    result = {"machine": {"cpus": 2, "memory_gib": 1, "platform": "p", "python": "3",
+                          "versions": {}},
+              "settings": {"partitions": 2, "spark_master": "local[2]", "peer_batch": 5000,
+                           "repeat": 1, "decode_schemas": {"flat": "id BIGINT"}},
+              "workloads": []}
+    stream = {"settings": {"spark_master": "local[2]", "repeat": 2},
+              "workloads": [
+                  {"target": target, "schema": "flat", "messages": 10, "size": 4096,
+                   "legs": {"js_etl": leg, "js_etl_stream": {"verified": ok, "msg_per_s": 800,
+                                                             "msg_per_cpu_s": 400}},
+                   "stream_ratios": {"js_etl_stream_vs_js_etl": 0.8 if ok else None,
+                                     "per_cpu_second": 0.8 if ok else None}}
+                  for target, ok in (("local", True), ("s3", False))],
+              "failed_legs": ["10x4096/s3/flat:js_etl_stream"]}
+    page = render(result, None, None, stream).splitlines()
+    assert "## Structured Streaming against the drain" in page
+    assert [line for line in page if line.startswith(("| local", "| s3"))] == [
+        "| local | flat | 10 × 4 KiB | 1,000 | 800 | 0.8 | 500 | 400 | 0.8 |",
+        "| s3 | flat | 10 × 4 KiB | 1,000 | FAILED | – | 500 | FAILED | – |"]
+    assert page[-1] == "Legs that failed verification: 10x4096/s3/flat:js_etl_stream."
 
 
 def test_the_sweep_and_the_memory_check_get_a_section_and_a_chart_each():

@@ -1,8 +1,9 @@
 """The performance page (``docs/performance.md``), rendered from the results files of the last
 ``make bench`` (the bench's ``--json`` output: ``docs/performance.json``, the matrix; and, where
-they exist, ``docs/performance-partitions.json``, a sweep of ``fetch.partitions``, and
-``docs/performance-memory.json``, the memory check): nothing on the page is typed by hand, so
-its figures are always the files'. Its bar charts (``docs/performance/``, SVG written here) are
+they exist, ``docs/performance-partitions.json``, a sweep of ``fetch.partitions``,
+``docs/performance-memory.json``, the memory check, and ``docs/performance-stream.json``, the
+stream job against the drain): nothing on the page is typed by hand, so its figures are always
+the files'. Its bar charts (``docs/performance/``, SVG written here) are
 rendered from the same files. ``python -m tools.bench.page`` writes the page
 and the charts; tests/tools/test_bench.py checks that those in the repository are the file's
 rendering."""
@@ -20,6 +21,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 RESULTS = DOCS / "performance.json"
 PARTITIONS = DOCS / "performance-partitions.json"
 MEMORY = DOCS / "performance-memory.json"
+STREAM = DOCS / "performance-stream.json"
 PAGE = DOCS / "performance.md"
 CHARTS = DOCS / "performance"  # beside the page: site/performance/ holds both
 # Each chart: its file in CHARTS, the figure of each leg it shows, its title.
@@ -40,9 +42,10 @@ _VERSIONS = ("nats-server", "nats-py", "pyspark", "delta-spark", "deltalake", "p
 
 
 def render(result: dict[str, Any], partitions: dict[str, Any] | None = None,
-           memory: dict[str, Any] | None = None) -> str:
-    """The page: the matrix ``result``, then the ``partitions`` sweep and the ``memory`` check
-    where given (each a results file of the same make bench)."""
+           memory: dict[str, Any] | None = None, stream: dict[str, Any] | None = None) -> str:
+    """The page: the matrix ``result``, then the ``partitions`` sweep, the ``memory`` check and
+    the ``stream`` job against the drain where given (each a results file of the same make
+    bench)."""
     m, s = result["machine"], result["settings"]
     versions = ", ".join(f"{name} {m['versions'][name]}" for name in _VERSIONS
                          if m["versions"].get(name))
@@ -81,19 +84,8 @@ def render(result: dict[str, Any], partitions: dict[str, Any] | None = None,
     connect = [w for w in result["workloads"] if "connect_ratios" in w]
     if connect:
         lines += ["", "js-etl's drain as a Spark Connect client against the same drain on a "
-                  "classic session, on the same messages (ratio: Connect's over classic's):", "",
-                  "| table | schema | messages | classic msg/s | Connect msg/s | ratio "
-                  "| classic msg/CPU-s | Connect msg/CPU-s | ratio |",
-                  "|---|---|---|---:|---:|---:|---:|---:|---:|"]
-        for w in connect:
-            classic, remote = w["legs"].get("js_etl", {}), w["legs"]["js_etl_connect"]
-            r = w["connect_ratios"]
-            lines.append(
-                f"| {w['target']} | {w['schema']} | {w['messages']:,} × {_size(w['size'])} "
-                f"| {_rate(classic, 'msg_per_s')} | {_rate(remote, 'msg_per_s')} "
-                f"| {r['js_etl_connect_vs_js_etl'] or '–'} "
-                f"| {_rate(classic, 'msg_per_cpu_s')} | {_rate(remote, 'msg_per_cpu_s')} "
-                f"| {r['per_cpu_second'] or '–'} |")
+                  "classic session, on the same messages (ratio: Connect's over classic's):", ""]
+        lines += _against(connect, "js_etl_connect", "connect_ratios", "classic", "Connect")
     lines += ["", "The same figures as bar charts, one group per workload (table, schema, payload "
               "size), by payload size: the peer's bar above js-etl's.", ""]
     for name, _, title in _CHARTS:
@@ -131,9 +123,40 @@ def render(result: dict[str, Any], partitions: dict[str, Any] | None = None,
                   f"backlog]({CHARTS.name}/{name})"]
         failed += [f"memory check {run['messages']:,}" for run in mc["runs"]
                    if not run["verified"]]
+    if stream is not None:
+        ss = stream["settings"]
+        lines += ["", "## Structured Streaming against the drain", "",
+                  "`js-etl stream` — a `Trigger.AvailableNow` query from a fresh checkpoint "
+                  "into a table of its own, moving a consumer of its own — against `js-etl "
+                  "drain`, on the same messages and Spark session, each with its default "
+                  f"settings, on Spark `{ss['spark_master']}`; "
+                  + ("the fastest verified run of each leg of "
+                     f"{ss['repeat']}" if ss["repeat"] > 1 else "one run of each leg")
+                  + " (ratio: the stream job's over the drain's):", ""]
+        lines += _against(stream["workloads"], "js_etl_stream", "stream_ratios", "drain",
+                          "stream")
+        failed += stream.get("failed_legs") or []
     lines += ["", "Every leg verified." if not failed else
               "Legs that failed verification: " + ", ".join(failed) + "."]
     return "\n".join(lines) + "\n"
+
+
+def _against(workloads: list[dict[str, Any]], leg: str, ratios: str, base_label: str,
+             label: str) -> list[str]:
+    """A table of one js-etl leg against the drain (``js_etl``) on each workload: both rates,
+    per second and per CPU-second, and the workload's ``ratios`` (the leg's over the drain's)."""
+    lines = [f"| table | schema | messages | {base_label} msg/s | {label} msg/s | ratio "
+             f"| {base_label} msg/CPU-s | {label} msg/CPU-s | ratio |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for w in workloads:
+        base, ours = w["legs"].get("js_etl", {}), w["legs"].get(leg, {})
+        by_rate, by_cpu = w[ratios][f"{leg}_vs_js_etl"], w[ratios]["per_cpu_second"]
+        lines.append(
+            f"| {w['target']} | {w['schema']} | {w['messages']:,} × {_size(w['size'])} "
+            f"| {_rate(base, 'msg_per_s')} | {_rate(ours, 'msg_per_s')} | {by_rate or '–'} "
+            f"| {_rate(base, 'msg_per_cpu_s')} | {_rate(ours, 'msg_per_cpu_s')} "
+            f"| {by_cpu or '–'} |")
+    return lines
 
 
 def _size(size: int) -> str:
@@ -280,22 +303,23 @@ def _text(x: float, y: float, text: str, *, size: int = 12, color: str = _TEXT,
             + f">{escape(text)}</text>")
 
 
-def results() -> tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any] | None]:
-    """The last make bench's results files: the matrix, and the sweep and the memory check
-    where they exist."""
+def results() -> tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any] | None,
+                       dict[str, Any] | None]:
+    """The last make bench's results files: the matrix, and the sweep, the memory check and
+    the stream job's run where they exist."""
     def load(path: Path) -> dict[str, Any] | None:
         return json.loads(path.read_text()) if path.exists() else None
 
     result = load(RESULTS)
     assert result is not None, f"{RESULTS} is missing: run make bench"
-    return result, load(PARTITIONS), load(MEMORY)
+    return result, load(PARTITIONS), load(MEMORY), load(STREAM)
 
 
 def main() -> int:
-    files = results()
-    PAGE.write_text(render(*files))
+    result, partitions, memory, stream = results()
+    PAGE.write_text(render(result, partitions, memory, stream))
     CHARTS.mkdir(exist_ok=True)
-    svgs = charts(*files)
+    svgs = charts(result, partitions, memory)
     for stale in set(p.name for p in CHARTS.iterdir()) - set(svgs):
         (CHARTS / stale).unlink()
     for name, svg in svgs.items():

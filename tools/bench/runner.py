@@ -261,16 +261,22 @@ class Bench:
         """``js-etl stream`` on the same data and session: an AvailableNow query from a fresh
         checkpoint into its own table, moving a consumer of its own (so the consumer check
         holds it to having committed every message); timed as the drain leg is."""
-        from js_etl.config import load_config
         from js_etl.streaming.run import run_stream
 
         stream, durable = pub["stream"], f"stream{run}"
-        overrides = [*self.overrides(stream, durable, table, pub["schema"]),
-                     f"streaming.checkpoint={self.s.workdir / f'checkpoint{run}'}",
-                     "streaming.commit_consumer=true"]
-        config = load_config(None, overrides, environ={})
-        self.add_consumer(stream, durable, -1)
+        config = self.stream_config(stream, durable, table, pub["schema"])
         return self._in_process_leg("js_etl_stream", run_stream, config, pub, n)
+
+    def stream_config(self, stream: str, durable: str, table: str, schema: str) -> JobConfig:
+        """The stream job's config: the drain's, a checkpoint of its own, and ``durable`` (made
+        here) as the consumer that follows the query."""
+        from js_etl.config import load_config
+
+        overrides = [*self.overrides(stream, durable, table, schema),
+                     f"streaming.checkpoint={self.s.workdir / f'{stream}_{durable}_checkpoint'}",
+                     "streaming.commit_consumer=true"]
+        self.add_consumer(stream, durable, -1)
+        return load_config(None, overrides, environ={})
 
     def _in_process_leg(self, name: str, run: Callable[[Any, JobConfig], Any],
                         config: JobConfig, pub: dict[str, Any], n: int) -> Leg:
@@ -384,7 +390,7 @@ class Bench:
             if self.spark is not None:
                 self.stop_spark_jvm()
             t0 = time.monotonic()
-            self.spark = start_spark(config)
+            self.spark = start_spark(config, object_store="s3" in self.s.targets)
             self.spark_columnar = columnar
             info["spark_startup_seconds"] = round(time.monotonic() - t0, 2)
             self.out(f"spark {self.spark.version} started in {info['spark_startup_seconds']} s "
@@ -405,6 +411,11 @@ class Bench:
                 t0 = time.monotonic()
                 report = run_drain(self.spark, self.config(pub["stream"], "warmup", table, schema))
                 info["warmup_seconds"][target] = round(time.monotonic() - t0, 2)
+                if "js_etl_stream" in self.s.legs:  # Spark's own writer and a query's first use
+                    from js_etl.streaming.run import run_stream
+
+                    run_stream(self.spark, self.stream_config(pub["stream"], "warmupstream",
+                                                              f"{table}_stream", schema))
                 if self.connect is not None:  # the server's JIT, Delta and Python workers too
                     self.add_consumer(pub["stream"], "warmupconnect", JS_ETL_MAX_ACK_PENDING)
                     self.connect_drain(self.overrides(pub["stream"], "warmupconnect",
@@ -414,6 +425,8 @@ class Bench:
                     self.remove_table(table)
                     if self.connect is not None:
                         self.remove_table(f"{table}_connect")
+                    if "js_etl_stream" in self.s.legs:
+                        self.remove_table(f"{table}_stream")
                 self.out(f"warm-up drain of {report.messages_written:,} messages, {target} "
                          f"table, {schema} schema: {info['warmup_seconds'][target]} s (JIT, "
                          f"Delta classes{', S3A' if target == 's3' else ''}; not timed)")

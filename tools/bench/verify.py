@@ -24,16 +24,17 @@ if TYPE_CHECKING:
     from js_etl.jetstream import JetStreamSession
 
 
-def start_spark(config: JobConfig) -> SparkSession:
+def start_spark(config: JobConfig, *, object_store: bool = False) -> SparkSession:
     """The bench's local Spark (the js-etl leg runs on it, and tables are read back with it),
-    its JVM started as ``js-etl drain`` starts it for ``config``."""
+    its JVM started as ``js-etl drain`` starts it for ``config``; with S3A also when
+    ``object_store`` (the run has S3 tables, which Spark's own writer needs it for)."""
     from js_etl.delta.rules import on_object_store
     from js_etl.drain.writers.columnar_plan import expects_columnar
     from js_etl.spark.session import local_session
 
     return local_session(config.spark.master, "js-etl-bench", config.spark.conf,
                          log_level="ERROR", columnar=expects_columnar(config),
-                         object_store=on_object_store(config.target))
+                         object_store=object_store or on_object_store(config.target))
 
 
 def table_counts(spark: SparkSession, path: str) -> dict[str, int]:
