@@ -70,6 +70,11 @@ class PurgedRangeError(TerminalError):
     """The range starts before the first message the stream still stores (purged or expired)."""
 
 
+class StreamReplacedError(TerminalError):
+    """The stream under a query's name is not the one its checkpoint read: deleted and created
+    again, its sequences started over."""
+
+
 class ConfirmationRequiredError(ConfigError):
     """A destructive admin command was not confirmed (no ``--yes`` and no terminal to ask on)."""
 

@@ -1,16 +1,20 @@
 """``spark.readStream.format("nats_jetstream")``: micro-batches over a stream's sequences.
 
-Offsets are stream sequences: ``{"stream": "ORDERS", "seq": N}`` is "every message before seq
-N was handed to the query", and a micro-batch from offset ``a`` to ``b`` is the sequence range
-``[a, b - 1]``, cut into partitions and read like a batch read
-(:func:`~js_etl.source.datasource.read_partition`: an ephemeral ack-none consumer per task, by
-position). What this relies on for exactly-once with a sink such as Delta:
+Offsets are stream sequences: ``{"stream": "ORDERS", "seq": N, "created": T}`` is "every
+message before seq N of the stream ORDERS created at T was handed to the query", and a
+micro-batch from offset ``a`` to ``b`` is the sequence range ``[a, b - 1]``, cut into
+partitions and read like a batch read (:func:`~js_etl.source.datasource.read_partition`: an
+ephemeral ack-none consumer per task, by position). What this relies on for exactly-once with a
+sink such as Delta:
 
 * a batch's range is fixed by its offsets, which Spark writes to the checkpoint before the batch
   runs; a retried task or a restarted query reads the same range, and the stream still holds
   the same messages in it (they never change; only retention, a purge or a delete removes one —
   see ``fail_on_data_loss``);
-* the sink commits each batch once (Delta's streaming sink records the batch id in the commit).
+* the sink commits each batch once (Delta's streaming sink records the batch id in the commit);
+* a stream's sequences never go back, and its creation time never changes: a stream deleted
+  and created again under the name starts over at 1 with another creation time, which the
+  driver checks before it plans or runs a batch (else it would skip or re-read in silence).
 
 ``commit(end)`` — called by Spark after the sink committed the batch ending at ``end`` — moves
 the durable consumer named by ``commit_consumer`` (if any) to ``end`` with a consumer reset, so
@@ -37,7 +41,7 @@ from pyspark.sql.streaming.datasource import (
 
 from js_etl.durable.cursor import claim_cursor
 from js_etl.durable.policy import source_stream_info
-from js_etl.errors import ConfigError, PurgedRangeError
+from js_etl.errors import ConfigError, PurgedRangeError, StreamReplacedError
 from js_etl.instant import format_instant
 from js_etl.jetstream import ConnectionOptions, JetStreamSession, StreamInfo
 from js_etl.jetstream.admin import first_message_at_or_after
@@ -89,7 +93,7 @@ class NatsJetStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
             seq = found[0] if found is not None else last + 1
         else:
             seq = last + 1 if streaming.start == "latest" else first
-        return self._offset(seq)
+        return self._offset(info, seq)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         streaming = self.parsed.streaming
@@ -107,8 +111,8 @@ class NatsJetStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
         the options' per-batch limits unless the engine asks for everything available.
         Messages gone before ``start`` (retention, a purge) fail the query, or with
         ``fail_on_data_loss=false`` are skipped and counted in the offset's ``skipped``."""
-        seq = self._seq(start)
         info = self._stream()
+        seq = self._resumable(start, info)
         first = _first(info)
         skipped = int(start.get("skipped", 0))
         if seq < first:
@@ -130,13 +134,16 @@ class NatsJetStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
                 # sequence without reading them. At least one message a batch.
                 average = max(1, info.state.bytes // info.state.messages)
                 end = min(end, seq + max(1, streaming.max_bytes_per_batch // average))
-        return self._offset(max(seq, end), skipped)
+        return self._offset(info, max(seq, end), skipped)
 
     def reportLatestOffset(self) -> dict[str, Any]:
-        return self._offset(self._stream().state.last_seq + 1)
+        info = self._stream()
+        return self._offset(info, info.state.last_seq + 1)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        lo, hi = self._seq(start), self._seq(end) - 1
+        # A restarted query runs its last logged batch again without asking latestOffset first.
+        info = self._stream()
+        lo, hi = self._resumable(start, info), self._resumable(end, info) - 1
         if hi < lo:
             return []
         return [InputPartition(bounds) for bounds in split_range(lo, hi, self.plan.partitions)]
@@ -186,11 +193,29 @@ class NatsJetStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
     def _stream(self) -> StreamInfo:
         return source_stream_info(self._session(), self.plan.stream, "the option stream")
 
-    def _offset(self, seq: int, skipped: int = 0) -> dict[str, Any]:
+    def _offset(self, info: StreamInfo, seq: int, skipped: int = 0) -> dict[str, Any]:
         offset: dict[str, Any] = {"stream": self.plan.stream, "seq": seq}
+        if info.created is not None:
+            offset["created"] = info.created.isoformat()
         if skipped:
             offset["skipped"] = skipped
         return offset
+
+    def _resumable(self, offset: dict[str, Any], info: StreamInfo) -> int:
+        """``offset``'s sequence, if it is one of this stream: not of a stream deleted and
+        created again under its name (another creation time; or, for an offset written before
+        offsets carried it, a sequence the stream has not reached)."""
+        seq, created = self._seq(offset), offset.get("created")
+        now = info.created.isoformat() if info.created is not None else None
+        if (created is not None and now is not None and created != now) or (
+                seq > info.state.last_seq + 1):
+            raise StreamReplacedError(
+                f"stream {info.name} was deleted and created again since the query's checkpoint "
+                f"was written (the checkpoint is at seq {seq} of the stream created "
+                f"{created or 'before'}; this one was created {now or 'since'} and ends at seq "
+                f"{info.state.last_seq}): its sequences started over, so the checkpoint cannot "
+                "resume it; give the query a new checkpoint location")
+        return seq
 
     def _seq(self, offset: dict[str, Any]) -> int:
         if offset.get("stream") != self.plan.stream:

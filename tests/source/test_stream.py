@@ -17,7 +17,7 @@ from deltalake.exceptions import TableNotFoundError
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes
 from streams import add_stream, consumer, publish_and_wait, purge_stream, wait_until
 
-from js_etl.errors import ConfigError, PurgedRangeError
+from js_etl.errors import ConfigError, PurgedRangeError, StreamReplacedError
 from js_etl.source import register
 from js_etl.source.datasource import load_error
 from js_etl.source.options import SourceOptions
@@ -72,6 +72,11 @@ def table_seqs(table: Path) -> list[int]:
         return []
 
 
+def created(js: Any, names: Any) -> str:
+    """The stream's creation time as an offset carries it."""
+    return js.stream_info(names.stream).created.isoformat()
+
+
 def direct_reader(url: str, stream: str, **options: Any) -> NatsJetStreamStreamReader:
     parsed = SourceOptions.parse({"servers": url, "stream": stream,
                                   **{k: str(v) for k, v in options.items()}})
@@ -117,7 +122,7 @@ def test_the_available_now_target_is_frozen_when_the_query_starts(js, names, nat
     reader = direct_reader(nats_server.url, names.stream, max_messages_per_batch=40)
     try:
         start = reader.initialOffset()
-        assert start == {"stream": names.stream, "seq": 1}
+        assert start == {"stream": names.stream, "seq": 1, "created": created(js, names)}
         reader.prepareForTriggerAvailableNow()
         publish_and_wait(js, names, numbered(names, 101, 201))  # after the query started
         ends, offset = [], start
@@ -180,10 +185,46 @@ def test_messages_the_streams_limits_dropped_fail_the_next_batch_or_are_skipped(
                            match="no longer holds seqs 5..10,.* first available is seq 11;"):
             strict.latestOffset(first_end, limit)
         assert lenient.latestOffset(first_end, limit) == {
-            "stream": names.stream, "seq": 15, "skipped": 6}
+            "stream": names.stream, "seq": 15, "created": created(js, names), "skipped": 6}
     finally:
         strict.stop()
         lenient.stop()
+
+
+def test_a_stream_deleted_and_created_again_is_not_resumed_from_the_old_checkpoint(
+        source, js, names, nats_server, tmp_path):
+    """Its sequences start over: resuming at the checkpoint's seq would skip the new stream's
+    first messages (or, had it fewer, wait for them in silence)."""
+    add_stream(js, names)
+    publish_and_wait(js, names, numbered(names, 1, 21))
+    table, checkpoint = tmp_path / "table", tmp_path / "checkpoint"
+    assert rows_per_batch(available_now(
+        stream_df(source, nats_server.url, names.stream), table, checkpoint)) == [20]
+    js.run(js.admin.delete_stream(names.stream))
+    add_stream(js, names)
+    publish_and_wait(js, names, numbered(names, 1, 31))  # past the checkpoint's seq 21
+
+    with pytest.raises(Exception) as raised:
+        available_now(stream_df(source, nats_server.url, names.stream), table, checkpoint)
+    error = load_error(raised.value)
+    assert isinstance(error, StreamReplacedError), str(raised.value)[-600:]
+    assert f"stream {names.stream} was deleted and created again" in str(error)
+    assert "the checkpoint is at seq 21" in str(error) and "\n" not in str(error)
+    assert table_seqs(table) == list(range(1, 21))  # nothing read from the new stream
+
+    # An offset from before offsets carried the creation time: a sequence the stream has not
+    # reached is the one sign left.
+    reader = direct_reader(nats_server.url, names.stream)
+    try:
+        limit = reader.getDefaultReadLimit()
+        assert reader.latestOffset({"stream": names.stream, "seq": 21}, limit)["seq"] == 31
+        with pytest.raises(StreamReplacedError, match="the checkpoint is at seq 32 "):
+            reader.latestOffset({"stream": names.stream, "seq": 32}, limit)
+        with pytest.raises(StreamReplacedError):  # a restart runs its logged batch again
+            reader.partitions({"stream": names.stream, "seq": 32},
+                              {"stream": names.stream, "seq": 40})
+    finally:
+        reader.stop()
 
 
 def test_max_bytes_per_batch_cuts_by_the_streams_average_message_size(js, names, nats_server):
@@ -246,8 +287,8 @@ def test_messages_gone_before_the_query_read_them_fail_it_in_one_line_or_are_ski
     batches = available_now(stream_df(source, nats_server.url, names.stream,
                                       fail_on_data_loss="false"), table, checkpoint)
     assert rows_per_batch(batches) == [5]
-    assert batches[0][1] == {
-        "stream": names.stream, "seq": 41, "skipped": 15}  # the gap, as the query reports it
+    assert batches[0][1] == {  # the gap, as the query reports it
+        "stream": names.stream, "seq": 41, "created": created(js, names), "skipped": 15}
     assert table_seqs(table) == [*range(1, 21), *range(36, 41)]
 
 
