@@ -30,6 +30,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -41,8 +42,8 @@ from pyspark.sql.streaming.datasource import (
 
 from js_etl.durable.cursor import claim_cursor
 from js_etl.durable.policy import source_stream_info
-from js_etl.errors import ConfigError, PurgedRangeError, StreamReplacedError
-from js_etl.instant import format_instant
+from js_etl.errors import ConfigError, PurgedRangeError, RangeError, StreamReplacedError
+from js_etl.instant import format_instant, parse_instant
 from js_etl.jetstream import ConnectionOptions, JetStreamSession, StreamInfo
 from js_etl.jetstream.admin import first_message_at_or_after
 from js_etl.source.datasource import Pushed, ReadPlan, read_partition
@@ -87,13 +88,30 @@ class NatsJetStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
         first, last = _first(info), info.state.last_seq
         if request.from_seq is not None:
             seq = request.from_seq
+            if seq > last + 1:  # waiting for it would skip what comes before it in silence
+                raise RangeError(f"stream {info.name} ends at seq {last}: from_seq {seq} is past "
+                                 "its next message (start=latest starts with that one)")
         elif request.from_time is not None:
             found = self._session().run(first_message_at_or_after(
                 self._session().admin, info.name, format_instant(request.from_time)))
             seq = found[0] if found is not None else last + 1
+            if found is not None and seq == first > 1 and request.from_time < parse_instant(
+                    found[1]):  # the messages stored from then on may have left the front
+                self._lost_before(info, request.from_time, first, found[1])
         else:
             seq = last + 1 if streaming.start == "latest" else first
         return self._offset(info, seq)
+
+    def _lost_before(self, info: StreamInfo, from_time: int, first: int, stored: str) -> None:
+        """``from_time`` is before the stream's first message, and messages before it are
+        gone: fail as data loss does, or with ``fail_on_data_loss=false`` start at it."""
+        text = (f"stream {info.name} no longer holds messages before seq {first} (purged or "
+                f"expired; seq {first} was stored at {stored}), so messages from "
+                f"{format_instant(from_time)} may be gone")
+        if self.parsed.streaming.fail_on_data_loss:
+            raise PurgedRangeError(f"{text}: start at from_seq={first}, or set "
+                                   "fail_on_data_loss=false to start there")
+        log.warning("%s: starting at seq %d (fail_on_data_loss=false)", text, first)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         streaming = self.parsed.streaming
@@ -163,21 +181,30 @@ class NatsJetStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
     # --- the executor side ---------------------------------------------------------------
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """One sub-range of a batch. Messages gone from the front of the stream since the
-        driver planned the batch fail the task (and so the query), unless
-        ``fail_on_data_loss=false``: the read cannot tell a missing message from one the
-        filter skipped, so a range that does not start with its first sequence asks the
-        stream where it begins now."""
+        driver planned the batch — before the read or during it — fail the task (and so the
+        query), unless ``fail_on_data_loss=false``. Once the read is done the task asks where
+        the stream begins now: a range that reaches below it must have been read whole up to
+        there. With ``filter_subjects`` a missing sequence may be one the filter skipped, so
+        only a range whose first message was not read is taken for a loss."""
         lo, hi = partition.value
-        first_read = None
+        seqs: list[pa.Array] = []
         for batch in read_partition(self.plan, (lo, hi)):
-            if first_read is None:
-                first_read = batch.column("seq")[0].as_py()
+            seqs.append(batch.column("seq"))
             yield batch
-        if self.parsed.streaming.fail_on_data_loss and (first_read is None or first_read > lo):
-            with JetStreamSession(self.options) as js:
-                first = _first(source_stream_info(js, self.plan.stream, "the option stream"))
-            if first > lo:
-                raise _data_loss(self.plan.stream, lo, min(first - 1, hi), first)
+        if not self.parsed.streaming.fail_on_data_loss:
+            return
+        with JetStreamSession(self.options) as js:
+            first = _first(source_stream_info(js, self.plan.stream, "the option stream"))
+        gone_to = min(first - 1, hi)
+        if gone_to < lo:
+            return  # nothing of the range has left the stream's front
+        if self.plan.filter_subjects:
+            lost = not seqs or seqs[0][0].as_py() > lo
+        else:  # every sequence up to gone_to is a message of the range: all must have been read
+            lost = sum(pc.sum(pc.less_equal(s, gone_to)).as_py() or 0
+                       for s in seqs) < gone_to - lo + 1
+        if lost:
+            raise _data_loss(self.plan.stream, lo, gone_to, first)
 
     # --- helpers -------------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -207,14 +234,20 @@ class NatsJetStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
         offsets carried it, a sequence the stream has not reached)."""
         seq, created = self._seq(offset), offset.get("created")
         now = info.created.isoformat() if info.created is not None else None
-        if (created is not None and now is not None and created != now) or (
-                seq > info.state.last_seq + 1):
+        last = info.state.last_seq
+        if created is not None and now is not None and created != now:
             raise StreamReplacedError(
                 f"stream {info.name} was deleted and created again since the query's checkpoint "
-                f"was written (the checkpoint is at seq {seq} of the stream created "
-                f"{created or 'before'}; this one was created {now or 'since'} and ends at seq "
-                f"{info.state.last_seq}): its sequences started over, so the checkpoint cannot "
-                "resume it; give the query a new checkpoint location")
+                f"was written (the checkpoint is at seq {seq} of the stream created {created}; "
+                f"this one was created {now} and ends at seq {last}): its sequences started "
+                "over, so the checkpoint cannot resume it; give the query a new checkpoint "
+                "location")
+        if seq > last + 1:
+            raise StreamReplacedError(
+                f"stream {info.name} ends at seq {last}, below the query's checkpoint at seq "
+                f"{seq}: it is not the stream the checkpoint read (deleted and created again, or "
+                "restored from an older backup), so the checkpoint cannot resume it; give the "
+                "query a new checkpoint location")
         return seq
 
     def _seq(self, offset: dict[str, Any]) -> int:

@@ -17,7 +17,7 @@ from deltalake.exceptions import TableNotFoundError
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes
 from streams import add_stream, consumer, publish_and_wait, purge_stream, wait_until
 
-from js_etl.errors import ConfigError, PurgedRangeError, StreamReplacedError
+from js_etl.errors import ConfigError, PurgedRangeError, RangeError, StreamReplacedError
 from js_etl.source import register
 from js_etl.source.datasource import load_error
 from js_etl.source.options import SourceOptions
@@ -218,7 +218,7 @@ def test_a_stream_deleted_and_created_again_is_not_resumed_from_the_old_checkpoi
     try:
         limit = reader.getDefaultReadLimit()
         assert reader.latestOffset({"stream": names.stream, "seq": 21}, limit)["seq"] == 31
-        with pytest.raises(StreamReplacedError, match="the checkpoint is at seq 32 "):
+        with pytest.raises(StreamReplacedError, match="below the query's checkpoint at seq 32:"):
             reader.latestOffset({"stream": names.stream, "seq": 32}, limit)
         with pytest.raises(StreamReplacedError):  # a restart runs its logged batch again
             reader.partitions({"stream": names.stream, "seq": 32},
@@ -264,6 +264,57 @@ def test_start_positions(js, names, nats_server):
         direct_reader(nats_server.url, names.stream, start="latest", from_seq=3)
     with pytest.raises(ConfigError, match="a stream has no end"):
         direct_reader(nats_server.url, names.stream, to_seq=3)
+
+
+def test_a_start_that_would_skip_messages_in_silence_is_refused(js, names, nats_server):
+    """A from_seq past the stream's next message (the query would wait for it, then skip what
+    came before), and a from_time before the first message left after a purge (what was
+    stored from then on may be gone): one line each, before anything is read."""
+    add_stream(js, names)
+    publish_and_wait(js, names, numbered(names, 1, 21))
+    purge_stream(js, names.stream, keep=5)  # seqs 1..15 gone
+    before_all = "2000-01-01T00:00:00Z"
+    cases = [({"from_seq": 22}, RangeError, "ends at seq 20: from_seq 22 is past its next"),
+             ({"from_time": before_all}, PurgedRangeError,
+              "no longer holds messages before seq 16 .* start at from_seq=16")]
+    for options, error, text in cases:
+        reader = direct_reader(nats_server.url, names.stream, **options)
+        try:
+            with pytest.raises(error, match=text):
+                reader.initialOffset()
+        finally:
+            reader.stop()
+    lenient = direct_reader(nats_server.url, names.stream, from_time=before_all,
+                            fail_on_data_loss="false")
+    try:
+        assert lenient.initialOffset()["seq"] == 16
+    finally:
+        lenient.stop()
+
+
+def test_messages_that_leave_the_front_while_a_task_reads_its_range_fail_it(
+        js, names, nats_server):
+    """Retention or a purge overtaking a task mid-read: the front passes what it has not
+    read yet. The task's first message was there, so only the end of the read can tell."""
+    add_stream(js, names)
+    publish_and_wait(js, names, numbered(names, 1, 101))
+    options = {"partitions": 1, "batch": 10}
+    strict = direct_reader(nats_server.url, names.stream, **options)
+    lenient = direct_reader(nats_server.url, names.stream, fail_on_data_loss="false", **options)
+    try:
+        start = strict.initialOffset()
+        (whole,) = strict.partitions(start, strict.latestOffset(start, ReadAllAvailable()))
+        strict_read, lenient_read = strict.read(whole), lenient.read(whole)
+        assert next(strict_read).column("seq").to_pylist() == list(range(1, 11))
+        assert next(lenient_read).column("seq").to_pylist() == list(range(1, 11))
+        purge_stream(js, names.stream, keep=70)  # seqs 1..30 gone, 11..30 not read yet
+        with pytest.raises(PurgedRangeError, match="no longer holds seqs 1..30,"):
+            list(strict_read)
+        assert [seq for batch in lenient_read for seq in batch.column("seq").to_pylist()] == (
+            list(range(31, 101)))
+    finally:
+        strict.stop()
+        lenient.stop()
 
 
 def test_messages_gone_before_the_query_read_them_fail_it_in_one_line_or_are_skipped(
