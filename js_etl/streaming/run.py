@@ -34,8 +34,14 @@ from typing import TYPE_CHECKING, Any
 
 from js_etl import faults
 from js_etl.decode.spark import with_partition_columns
-from js_etl.delta.table import CommitTag, DeltaTarget, job_tables, refuse_lossy_commits
-from js_etl.errors import ConfigError, JsEtlError, RunRefusedError
+from js_etl.delta.table import (
+    EVERY_SEQ,
+    CommitTag,
+    DeltaTarget,
+    job_tables,
+    refuse_lossy_commits,
+)
+from js_etl.errors import ConfigError, JsEtlError, RunRefusedError, TerminalError
 from js_etl.report import RunReport, StopReason
 from js_etl.schema import DEAD_LETTER_COLUMNS
 from js_etl.source import register
@@ -226,12 +232,23 @@ class BatchWriter:
     def _append(spark: SparkSession, table: DeltaTarget, df: DataFrame, tag: CommitTag,
                 partition_by: list[str], merge_schema: bool) -> int | None:
         """Append ``df`` as batch ``tag.round``; None where the table already holds it (a run
-        killed after this append and before Spark's commit of the batch)."""
+        killed after this append and before Spark's commit of the batch). A table ahead of
+        that, or holding this batch with another range, has a checkpoint older than itself
+        (put back from a copy): Spark re-plans from there, and skipping would lose messages."""
         recorded, _ = table.job_round(spark, tag.job)
-        if recorded >= tag.round:
-            return None
-        return table.append(spark, df, tag, partition_by=partition_by,
-                            merge_schema=merge_schema)
+        if recorded < tag.round:
+            return table.append(spark, df, tag, partition_by=partition_by,
+                                merge_schema=merge_schema)
+        held = table.last_round_seqs(spark, tag.job) if recorded == tag.round else None
+        if recorded > tag.round or held not in ((tag.first_seq, tag.last_seq), (1, EVERY_SEQ)):
+            holds = f"batch {recorded - 1} of this query" + (
+                f" as seqs {held[0]}..{held[1]}" if held else "")
+            raise TerminalError(
+                f"{table} already holds {holds}, but its checkpoint now plans batch "
+                f"{tag.round - 1} as seqs {tag.first_seq}..{tag.last_seq}: the checkpoint is older "
+                "than the table (put back from a copy?); give the query the checkpoint that wrote "
+                "the table, or a new checkpoint and a new table")
+        return None
 
 
 def _add_offsets(batches: list[dict[str, Any]], progress: list[Any]) -> None:

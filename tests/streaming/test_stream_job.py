@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import time
 import uuid
 from pathlib import Path
@@ -21,7 +22,7 @@ from deltalake import DeltaTable
 from drains import assert_no_process_left, config_for, drain_process, events, table_seqs
 from streams import add_stream, consumer, publish_and_wait, purge_stream
 
-from js_etl.errors import ConfigError, PurgedRangeError, RunRefusedError
+from js_etl.errors import ConfigError, PurgedRangeError, RunRefusedError, TerminalError
 from js_etl.streaming.run import run_stream
 
 pytestmark = [pytest.mark.slow, pytest.mark.classic_spark]  # Connect: not run over it yet
@@ -131,6 +132,35 @@ def _committed(checkpoint: Path) -> tuple[int, int]:
         return 0, 1
     entry = (checkpoint / "offsets" / str(done - 1)).read_text().strip().splitlines()[-1]
     return done, int(json.loads(entry)["seq"])
+
+
+def test_a_checkpoint_older_than_its_table_is_refused_not_resumed(
+        spark, js, names, nats_server, tmp_path):
+    """A checkpoint put back from an earlier copy: Spark plans the next batch afresh, under a
+    batch id the table already holds with another range. Skipping it as written before would
+    lose the difference (seqs 36..40 here)."""
+    add_stream(js, names)
+    table, checkpoint = tmp_path / "table", tmp_path / "checkpoint"
+    config = config_for(names, nats_server.url, table, f"streaming.checkpoint={checkpoint}",
+                        "streaming.max_messages_per_batch=10")
+
+    def publish(n: int) -> None:
+        publish_and_wait(js, names, events(names, n)[0])
+
+    publish(30)
+    assert len(run_stream(spark, config).batches) == 3
+    shutil.copytree(checkpoint, tmp_path / "copy")
+    publish(5)
+    assert [b["first_seq"] for b in run_stream(spark, config).batches] == [31]  # seqs 31..35
+    publish(20)
+    shutil.rmtree(checkpoint)
+    shutil.copytree(tmp_path / "copy", checkpoint)
+    with pytest.raises(TerminalError, match="already holds batch 3 of this query as seqs "
+                       "31..35, but its checkpoint now plans batch 3 as seqs 31..40: the "
+                       "checkpoint is older than the table") as raised:
+        run_stream(spark, config)
+    assert raised.value.exit_code == 2 and "\n" not in str(raised.value)
+    assert seqs(table) == list(range(1, 36))  # nothing more written
 
 
 def test_stream_runs_killed_at_random_points_write_every_message_once(
