@@ -10,7 +10,12 @@ on:
 * the query's own resets leave the consumer's delivered consumer sequence at 0 and nothing
   pending an ack (a reset zeroes both): a consumer with deliveries, a pull waiting or a push
   subscriber has another reader, and is refused — before it is marked, and before every move;
-* a mark in the consumer's metadata (:data:`MARK`) written while nothing reads from it; a drain
+* a mark in the consumer's metadata (:data:`MARK`) written while nothing reads from it, naming
+  at its first move the query (a token its offsets carry from its first one on, so every run
+  from its checkpoint has it): a query whose offsets name another is refused before it plans a
+  batch and before every move, so two queries never move one consumer past what the other has
+  not written. An unnamed mark (from before marks named their query, or a reader made before
+  its first move) goes to the first query that moves the consumer; a drain
   refuses a marked consumer before its first round and before every round
   (:func:`js_etl.durable.policy.drain_consumer_problems`, :func:`refuse_marked`), and ``js-etl
   rewind`` refuses it;
@@ -36,11 +41,17 @@ from js_etl.jetstream.sync import JetStreamSession
 
 log = logging.getLogger(__name__)
 
-MARK = "js-etl.follows-query"  # metadata key; its value says what set it
+MARK = "js-etl.follows-query"  # metadata key; its value says what set it, and for which query
+_FOR_QUERY = "set by js-etl for query "
+_UNNAMED = "set by js-etl: commit_consumer"  # the value before marks named their query
 
 
 def marked(metadata: dict[str, str]) -> bool:
     return MARK in metadata
+
+
+def _query_of(mark: str) -> str | None:
+    return mark.removeprefix(_FOR_QUERY) if mark.startswith(_FOR_QUERY) else None
 
 
 def check_cursor(js: JetStreamSession, stream: str, consumer: str, lease_bucket: str
@@ -63,22 +74,48 @@ def check_cursor(js: JetStreamSession, stream: str, consumer: str, lease_bucket:
     return info
 
 
-def claim_cursor(js: JetStreamSession, stream: str, consumer: str, lease_bucket: str
-                 ) -> ConsumerInfo:
-    """Mark ``consumer`` as the query's (module docstring), or refuse it; its info."""
+def claim_cursor(js: JetStreamSession, stream: str, consumer: str, lease_bucket: str,
+                 query: str | None = None) -> ConsumerInfo:
+    """Mark ``consumer`` as the query's (module docstring), or refuse it; its info. ``query``:
+    the token the query's offsets carry, None where they carry none yet (its reader just made)
+    or ever (offsets from before they did)."""
     info = check_cursor(js, stream, consumer, lease_bucket)
-    if marked(info.config.metadata):
+    mark = info.config.metadata.get(MARK)
+    if mark is not None:
+        _refuse_other_query(stream, consumer, mark, query)
+        if query is not None and _query_of(mark) is None:
+            _set_mark(js, stream, consumer, query)  # unnamed: this query's from now on
         return info
-    _set_mark(js, stream, consumer, True)
+    _set_mark(js, stream, consumer, query)
     try:
         refuse_if_held(js, lease_bucket, stream, consumer)  # a drain that started meanwhile
     except RunRefusedError:
         try:
-            _set_mark(js, stream, consumer, False)
+            _set_mark(js, stream, consumer, None, take_back=True)
         except JsEtlError as e:  # the refusal is what matters; the mark only keeps drains off
             log.warning("could not take back the mark of %s/%s: %s", stream, consumer, e)
         raise
     return info
+
+
+def check_query(js: JetStreamSession, stream: str, consumer: str, query: str) -> None:
+    """Before a query plans a batch: refuse a consumer another query moves. Read only: a query
+    names itself in the mark at its first move, once its offsets (and so its token) are in its
+    checkpoint."""
+    mark = js.consumer_info(stream, consumer).config.metadata.get(MARK)
+    if mark is not None:
+        _refuse_other_query(stream, consumer, mark, query)
+
+
+def _refuse_other_query(stream: str, consumer: str, mark: str, query: str | None) -> None:
+    owner = _query_of(mark)
+    if query is not None and owner is not None and owner != query:
+        raise ConfigError(
+            f"commit_consumer: consumer {stream}/{consumer} follows another query (token "
+            f"{owner} in its checkpoint's offsets; this query's {query}); two queries moving one "
+            "consumer would each move it past what the other has not written: give each query a "
+            "consumer of its own (if that query is gone for good, delete the consumer and create "
+            "it again)")
 
 
 def refuse_marked(info: ConsumerInfo) -> None:
@@ -102,6 +139,7 @@ def _reader(info: ConsumerInfo) -> str | None:
     return None
 
 
-def _set_mark(js: JetStreamSession, stream: str, consumer: str, on: bool) -> None:
-    js.run(js.admin.update_consumer_metadata(
-        stream, consumer, {MARK: "set by js-etl: commit_consumer" if on else None}))
+def _set_mark(js: JetStreamSession, stream: str, consumer: str, query: str | None, *,
+              take_back: bool = False) -> None:
+    value = None if take_back else _FOR_QUERY + query if query else _UNNAMED
+    js.run(js.admin.update_consumer_metadata(stream, consumer, {MARK: value}))

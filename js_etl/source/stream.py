@@ -26,6 +26,7 @@ and before every move (:mod:`js_etl.durable.cursor`): one nothing else reads fro
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -40,7 +41,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from js_etl.durable.cursor import claim_cursor
+from js_etl.durable.cursor import check_query, claim_cursor
 from js_etl.durable.policy import source_stream_info
 from js_etl.errors import ConfigError, PurgedRangeError, RangeError, StreamReplacedError
 from js_etl.instant import format_instant, parse_instant
@@ -70,6 +71,10 @@ class NatsJetStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
             pull_timeout=fetch.pull_timeout, partitions=fetch.partitions, decode=parsed.decode,
             pushed=Pushed(), payload_json=payload_json)
         self.target: int | None = None  # Trigger.AvailableNow: no offset beyond it
+        # With commit_consumer: the query's token, made by its first offset and carried by
+        # every later one (so a run from the checkpoint has it); it names the consumer's owner.
+        self.query: str | None = None
+        self._checked: str | None = None  # the token the consumer's mark was checked against
         self._js: JetStreamSession | None = None
         streaming = parsed.streaming
         if streaming.commit_consumer is not None:  # refused before the query starts, or ours
@@ -100,6 +105,8 @@ class NatsJetStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
                 self._lost_before(info, request.from_time, first, found[1])
         else:
             seq = last + 1 if streaming.start == "latest" else first
+        if streaming.commit_consumer is not None:  # a new query's token (Spark asks a
+            self.query = uuid.uuid4().hex  # restarted one too, then starts from its checkpoint)
         return self._offset(info, seq)
 
     def _lost_before(self, info: StreamInfo, from_time: int, first: int, stored: str) -> None:
@@ -131,6 +138,11 @@ class NatsJetStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
         ``fail_on_data_loss=false`` are skipped and counted in the offset's ``skipped``."""
         info = self._stream()
         seq = self._resumable(start, info)
+        self.query = start.get("query")  # the checkpoint's, or the new query's initial one
+        consumer = self.parsed.streaming.commit_consumer
+        if consumer is not None and self.query is not None and self.query != self._checked:
+            check_query(self._session(), info.name, consumer, self.query)
+            self._checked = self.query
         first = _first(info)
         skipped = int(start.get("skipped", 0))
         if seq < first:
@@ -171,7 +183,7 @@ class NatsJetStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
         consumer = self.parsed.streaming.commit_consumer
         if consumer is not None:
             move_consumer_on(self._session(), self.plan.stream, consumer, self._seq(end),
-                             self.parsed.streaming.lease_bucket)
+                             self.parsed.streaming.lease_bucket, end.get("query"))
 
     def stop(self) -> None:
         if self._js is not None:
@@ -224,6 +236,8 @@ class NatsJetStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
         offset: dict[str, Any] = {"stream": self.plan.stream, "seq": seq}
         if info.created is not None:
             offset["created"] = info.created.isoformat()
+        if self.query is not None:
+            offset["query"] = self.query
         if skipped:
             offset["skipped"] = skipped
         return offset
@@ -259,19 +273,19 @@ class NatsJetStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
 
 
 def move_consumer(options: ConnectionOptions, stream: str, consumer: str, seq: int,
-                  lease_bucket: str) -> None:
-    """Move durable ``consumer`` so its next delivery is ``seq`` (what a query committed)."""
+                  lease_bucket: str, query: str | None) -> None:
+    """Move durable ``consumer`` so its next delivery is ``seq`` (what ``query`` committed)."""
     with JetStreamSession(options) as js:
-        move_consumer_on(js, stream, consumer, seq, lease_bucket)
+        move_consumer_on(js, stream, consumer, seq, lease_bucket, query)
 
 
 def move_consumer_on(js: JetStreamSession, stream: str, consumer: str, seq: int,
-                     lease_bucket: str) -> None:
+                     lease_bucket: str, query: str | None) -> None:
     """:func:`move_consumer` on an open session, the consumer claimed again first (a reader or
     a drain that appeared since is refused, :mod:`js_etl.durable.cursor`). Never backwards: a
     consumer already past ``seq`` stays (a consumer reset would deliver again what it
     delivered)."""
-    if claim_cursor(js, stream, consumer, lease_bucket).delivered.stream_seq + 1 < seq:
+    if claim_cursor(js, stream, consumer, lease_bucket, query).delivered.stream_seq + 1 < seq:
         js.run(js.admin.reset_consumer(stream, consumer, seq))
 
 

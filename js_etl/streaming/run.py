@@ -114,7 +114,8 @@ def run_stream(spark: SparkSession, config: JobConfig, *, run_id: str | None = N
             # Spark commits a batch to the source when it starts the next one: the last one's
             # end is moved here, after the query ended with it committed.
             move_consumer(config.nats.connection_options(), config.source.stream,
-                          config.source.consumer, int(end["seq"]), config.source.lease_bucket)
+                          config.source.consumer, int(end["seq"]), config.source.lease_bucket,
+                          end.get("query"))
     report.stopped_because = StopReason.TARGET_REACHED
     report.rounds = len(report.batches)
     report.seconds = report.phase_seconds.get("query", 0.0)

@@ -97,9 +97,9 @@ def test_a_drain_starting_while_a_query_marks_its_consumer_keeps_it(
                           target="/t", bucket="js-etl-leases")
     set_mark = cursor._set_mark
 
-    def then_a_drain_starts(*args: Any) -> None:
-        set_mark(*args)
-        if args[-1]:  # the mark was written
+    def then_a_drain_starts(*args: Any, **kwargs: Any) -> None:
+        set_mark(*args, **kwargs)
+        if not kwargs.get("take_back"):  # the mark was written
             lease.acquire()
 
     monkeypatch.setattr(cursor, "_set_mark", then_a_drain_starts)
@@ -151,3 +151,37 @@ def test_a_push_consumer_is_refused_and_a_marked_one_is_not_rewound(
     config = config_for(names, nats_server.url, tmp_path / "table")
     with pytest.raises(ConsumerConfigError, match="follows a Structured Streaming query"):
         plan_rewind(js, config, 1)
+
+
+def test_a_second_query_on_a_consumer_another_query_moves_is_refused(
+        ten, js, names, nats_server):
+    """Each query names itself in its offsets, and the consumer's mark names the query that
+    moves it: another query is refused before it plans a batch and before a move, so neither
+    moves the consumer past what the other has not written (on an Interest stream that would
+    delete it). The first query's next run, from its checkpoint, keeps the consumer."""
+    first, second = (follow(nats_server.url, names.stream, names.consumer) for _ in range(2))
+    try:
+        start = first.initialOffset()
+        end = first.latestOffset(start, first.getDefaultReadLimit())
+        first.commit(end)  # its sink committed seqs 1..10: the consumer follows, named
+        assert js.consumer_info(names.stream, names.consumer).num_pending == 0
+
+        other = second.initialOffset()
+        assert other["query"] != end["query"]
+        with pytest.raises(ConfigError, match="follows another query"):
+            second.latestOffset(other, second.getDefaultReadLimit())
+        with pytest.raises(ConfigError, match="follows another query"):
+            second.commit({**other, "seq": 5})
+    finally:
+        first.stop()
+        second.stop()
+    publish_and_wait(js, names, [(f"{names.prefix}.e", b"10")])
+    rerun = follow(nats_server.url, names.stream, names.consumer)  # from the checkpoint's end
+    try:
+        rerun.initialOffset()  # Spark asks a restarted query too, then starts from its offsets
+        later = rerun.latestOffset(end, rerun.getDefaultReadLimit())
+        assert later["query"] == end["query"] and later["seq"] == 12
+        rerun.commit(later)
+    finally:
+        rerun.stop()
+    assert js.consumer_info(names.stream, names.consumer).delivered.stream_seq == 11
