@@ -92,6 +92,7 @@ from js_etl.source.read_range import (
     RangeFetchPlan,
     RangeRequest,
     fetch_range_partition,
+    refuse_unmatched_filters,
     refuse_work_queue,
     resolve_sequences,
     split_range,
@@ -134,6 +135,7 @@ def resolve_range(js: JetStreamSession, config: JobConfig, request: RangeRequest
     name = source.stream
     stream_info = source_stream_info(js, name)
     refuse_work_queue(stream_info, "backfill")
+    refuse_unmatched_filters(stream_info, tuple(source.filter_subjects), "source.filter_subjects")
     found = resolve_sequences(js, stream_info, request)
     lo, hi, resolved, stream = found.lo, found.hi, found.resolved, found.stream
     notes = list(found.notes)

@@ -81,6 +81,7 @@ class StreamInfo:
     num_replicas: int = 1
     max_age: float = 0.0  # seconds; 0: messages never age out
     retention: str = "limits"  # or "interest", "workqueue"
+    sourced: bool = False  # a mirror, or sources: messages on subjects beyond ``subjects``
 
     @classmethod
     def from_response(cls, d: dict[str, Any]) -> Self:
@@ -90,7 +91,8 @@ class StreamInfo:
                    created=parse_time(d.get("created")), storage=cfg.get("storage"),
                    num_replicas=cfg.get("num_replicas") or 1,
                    max_age=(cfg.get("max_age") or 0) / 1e9,
-                   retention=cfg.get("retention") or "limits")
+                   retention=cfg.get("retention") or "limits",
+                   sourced=bool(cfg.get("mirror") or cfg.get("sources")))
 
 
 @dataclass(frozen=True, slots=True)

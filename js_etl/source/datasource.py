@@ -61,6 +61,7 @@ from js_etl.source.read_range import (
     RangeFetchPlan,
     Spelling,
     read_range,
+    refuse_unmatched_filters,
     refuse_work_queue,
     resolve_sequences,
     split_range,
@@ -215,6 +216,7 @@ def plan_read(parsed: SourceOptions) -> ReadPlan | RangeFailure:
     with JetStreamSession(options) as js:
         stream = source_stream_info(js, parsed.stream, "the option stream")
         refuse_work_queue(stream, "read")
+        refuse_unmatched_filters(stream, parsed.filter_subjects, "filter_subjects")
         try:
             found = resolve_sequences(js, stream, parsed.request, SPELLING)
         except (RangeError, PurgedRangeError) as e:

@@ -181,6 +181,31 @@ def refuse_work_queue(stream: StreamInfo, what: str) -> None:
                           "uses); drain it with its durable consumer (js-etl drain)")
 
 
+def refuse_unmatched_filters(stream: StreamInfo, filters: tuple[str, ...], setting: str
+                             ) -> None:
+    """A filter no subject of the stream can match (a typo) would read nothing, run after run:
+    say so before anything starts. A mirror's or a sourced stream's messages keep their
+    origin's subjects, which its config does not list: not checked there."""
+    if stream.sourced or not stream.subjects:
+        return
+    unmatched = [f for f in filters if not any(subjects_overlap(f, s) for s in stream.subjects)]
+    if unmatched:
+        raise ConfigError(f"{setting} {', '.join(unmatched)}: no subject of stream "
+                          f"{stream.name} ({', '.join(stream.subjects)}) can match it")
+
+
+def subjects_overlap(a: str, b: str) -> bool:
+    """Whether some subject matches both NATS filters (``*`` one token, ``>`` one or more at
+    the end)."""
+    left, right = a.split("."), b.split(".")
+    for x, y in zip(left, right, strict=False):
+        if ">" in (x, y):
+            return True  # the other has a token here, and ">" takes it and any after it
+        if x != y and "*" not in (x, y):
+            return False
+    return len(left) == len(right)
+
+
 def split_range(lo: int, hi: int, parts: int) -> list[tuple[int, int]]:
     """``[lo, hi]`` as at most ``parts`` contiguous, disjoint, non-empty sub-ranges covering it."""
     count = hi - lo + 1

@@ -25,6 +25,7 @@ from js_etl.jetstream.errors import AuthorizationError, NatsUnavailableError, St
 from js_etl.jetstream.message import parse_headers
 from js_etl.source import register
 from js_etl.source.datasource import FAULT_PROPERTY, load_error, subject_matches
+from js_etl.source.read_range import subjects_overlap
 
 COLUMNS = ["subject", "stream", "seq", "consumer_seq", "num_delivered", "published_at",
            "headers", "data", "error"]
@@ -313,6 +314,8 @@ def test_errors_are_one_clear_line_when_the_dataframe_is_made(source, js, names,
         (dict(decode="json"), ConfigError, "schema"),
         (dict(from_time="yesterday"), ConfigError, "option from_time"),
         (dict(start="newest"), ConfigError, "option start must be earliest or latest"),
+        (dict(filter_subjects=f"{names.prefix}.x,{names.prefix}x.>"), ConfigError,
+         f"filter_subjects {names.prefix}x.>: no subject of stream {names.stream}"),  # a typo
     ]
     for options, kind, text in cases:
         options = {"servers": nats_server.url, "stream": names.stream, **options}
@@ -374,6 +377,9 @@ def test_subject_filters_follow_nats_wildcards():
     assert subject_matches("a.b", "a.*") and subject_matches("a.b.c", "a.>")
     assert not subject_matches("a", "a.>") and not subject_matches("a.b.c", "a.*")
     assert subject_matches("a.*", "a.*") and not subject_matches("a.>", "a.*")
+    assert subjects_overlap("a.*", "a.b") and subjects_overlap("a.>", "*.b.c")
+    assert subjects_overlap(">", "a") and not subjects_overlap("a", "a.>")
+    assert not subjects_overlap("a.*", "a.b.c") and not subjects_overlap("a.b", "a.c")
 
 
 # --- a server whose monitoring port counts what it delivered to each connection --------------
