@@ -211,7 +211,8 @@ class NatsJetStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
         if gone_to < lo:
             return  # nothing of the range has left the stream's front
         if self.plan.filter_subjects:
-            lost = not seqs or seqs[0][0].as_py() > lo
+            first_read = next((s[0].as_py() for s in seqs if len(s)), None)
+            lost = first_read is None or first_read > lo
         else:  # every sequence up to gone_to is a message of the range: all must have been read
             lost = sum(pc.sum(pc.less_equal(s, gone_to)).as_py() or 0
                        for s in seqs) < gone_to - lo + 1
