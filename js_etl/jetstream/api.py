@@ -81,7 +81,9 @@ class StreamInfo:
     num_replicas: int = 1
     max_age: float = 0.0  # seconds; 0: messages never age out
     retention: str = "limits"  # or "interest", "workqueue"
-    sourced: bool = False  # a mirror, or sources: messages on subjects beyond ``subjects``
+    # A mirror, sources or a subject transform: it stores messages on subjects ``subjects``
+    # does not list (the origin's, or transformed ones).
+    unlisted_subjects: bool = False
 
     @classmethod
     def from_response(cls, d: dict[str, Any]) -> Self:
@@ -92,7 +94,8 @@ class StreamInfo:
                    num_replicas=cfg.get("num_replicas") or 1,
                    max_age=(cfg.get("max_age") or 0) / 1e9,
                    retention=cfg.get("retention") or "limits",
-                   sourced=bool(cfg.get("mirror") or cfg.get("sources")))
+                   unlisted_subjects=bool(cfg.get("mirror") or cfg.get("sources")
+                                          or cfg.get("subject_transform")))
 
 
 @dataclass(frozen=True, slots=True)

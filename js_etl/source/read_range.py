@@ -184,9 +184,9 @@ def refuse_work_queue(stream: StreamInfo, what: str) -> None:
 def refuse_unmatched_filters(stream: StreamInfo, filters: tuple[str, ...], setting: str
                              ) -> None:
     """A filter no subject of the stream can match (a typo) would read nothing, run after run:
-    say so before anything starts. A mirror's or a sourced stream's messages keep their
-    origin's subjects, which its config does not list: not checked there."""
-    if stream.sourced or not stream.subjects:
+    say so before anything starts. Not checked where the stream stores subjects its config
+    does not list (a mirror's or sourced stream's origins', a subject transform's)."""
+    if stream.unlisted_subjects or not stream.subjects:
         return
     unmatched = [f for f in filters if not any(subjects_overlap(f, s) for s in stream.subjects)]
     if unmatched:

@@ -192,32 +192,39 @@ class NatsJetStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
 
     # --- the executor side ---------------------------------------------------------------
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        """One sub-range of a batch. Messages gone from the front of the stream since the
-        driver planned the batch — before the read or during it — fail the task (and so the
-        query), unless ``fail_on_data_loss=false``. Once the read is done the task asks where
-        the stream begins now: a range that reaches below it must have been read whole up to
-        there. With ``filter_subjects`` a missing sequence may be one the filter skipped, so
-        only a range whose first message was not read is taken for a loss."""
+        """One sub-range of a batch. Messages that leave the front of the stream before the
+        task reads them — since the driver planned the batch, or while the task reads — fail
+        it (and so the query), unless ``fail_on_data_loss=false``.
+
+        The read delivers in sequence order, so a message the front took before its turn
+        shows as sequences not read below where the front is: after each pull with such a
+        gap, and at the end if the range was not read to its end, the task asks where the
+        stream begins. Asked at once, this tells a gap the front made from a message deleted
+        earlier (or, with ``filter_subjects``, filtered out), which the front has not
+        reached yet; only a front racing right behind the read is taken for a loss."""
         lo, hi = partition.value
-        seqs: list[pa.Array] = []
+        check = self.parsed.streaming.fail_on_data_loss
+        filtered = bool(self.plan.filter_subjects)
+        unread_from = lo  # every sequence below it was read (or is above a gap judged)
         for batch in read_partition(self.plan, (lo, hi)):
-            seqs.append(batch.column("seq"))
+            seqs = batch.column("seq")
+            if check and len(seqs):
+                gap = seqs[0].as_py() > unread_from or (not filtered and len(seqs) < (
+                    seqs[-1].as_py() - seqs[0].as_py() + 1))
+                if gap:
+                    self._refuse_loss(lo, hi, _first_unread(seqs, unread_from, filtered))
+                unread_from = seqs[-1].as_py() + 1
             yield batch
-        if not self.parsed.streaming.fail_on_data_loss:
-            return
+        if check and unread_from <= hi:
+            self._refuse_loss(lo, hi, unread_from)
+
+    def _refuse_loss(self, lo: int, hi: int, unread: int) -> None:
+        """Fail if the stream's front is past ``unread``, a sequence of ``[lo, hi]`` the task
+        has not read."""
         with JetStreamSession(self.options) as js:
             first = _first(source_stream_info(js, self.plan.stream, "the option stream"))
-        gone_to = min(first - 1, hi)
-        if gone_to < lo:
-            return  # nothing of the range has left the stream's front
-        if self.plan.filter_subjects:
-            first_read = next((s[0].as_py() for s in seqs if len(s)), None)
-            lost = first_read is None or first_read > lo
-        else:  # every sequence up to gone_to is a message of the range: all must have been read
-            lost = sum(pc.sum(pc.less_equal(s, gone_to)).as_py() or 0
-                       for s in seqs) < gone_to - lo + 1
-        if lost:
-            raise _data_loss(self.plan.stream, lo, gone_to, first)
+        if first > unread:
+            raise _data_loss(self.plan.stream, unread, min(first - 1, hi), first)
 
     # --- helpers -------------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -288,6 +295,16 @@ def move_consumer_on(js: JetStreamSession, stream: str, consumer: str, seq: int,
     delivered)."""
     if claim_cursor(js, stream, consumer, lease_bucket, query).delivered.stream_seq + 1 < seq:
         js.run(js.admin.reset_consumer(stream, consumer, seq))
+
+
+def _first_unread(seqs: pa.Array, unread_from: int, filtered: bool) -> int:
+    """The lowest sequence from ``unread_from`` on that a delivered batch skipped (with a
+    filter, any sequence before its first message may be one it wanted)."""
+    if filtered or seqs[0].as_py() > unread_from:
+        return unread_from
+    steps = pc.subtract(seqs[1:], seqs[:-1])
+    gap = pc.index(pc.greater(steps, 1), True).as_py()
+    return seqs[gap].as_py() + 1
 
 
 def _first(info: StreamInfo) -> int:

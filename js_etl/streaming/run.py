@@ -34,13 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from js_etl import faults
 from js_etl.decode.spark import with_partition_columns
-from js_etl.delta.table import (
-    EVERY_SEQ,
-    CommitTag,
-    DeltaTarget,
-    job_tables,
-    refuse_lossy_commits,
-)
+from js_etl.delta.table import CommitTag, DeltaTarget, job_tables, refuse_lossy_commits
 from js_etl.errors import ConfigError, JsEtlError, RunRefusedError, TerminalError
 from js_etl.report import RunReport, StopReason
 from js_etl.schema import DEAD_LETTER_COLUMNS
@@ -234,14 +228,18 @@ class BatchWriter:
                 partition_by: list[str], merge_schema: bool) -> int | None:
         """Append ``df`` as batch ``tag.round``; None where the table already holds it (a run
         killed after this append and before Spark's commit of the batch). A table ahead of
-        that, or holding this batch with another range, has a checkpoint older than itself
-        (put back from a copy): Spark re-plans from there, and skipping would lose messages."""
+        that, or holding this batch with a range the batch now goes beyond, has a checkpoint
+        older than itself (put back from a copy): Spark re-planned the batch, and skipping it
+        would lose messages. A batch run again from its logged offsets reads the same range,
+        less what has left the stream since (a purge, a deleted message): within it."""
         recorded, _ = table.job_round(spark, tag.job)
         if recorded < tag.round:
             return table.append(spark, df, tag, partition_by=partition_by,
                                 merge_schema=merge_schema)
         held = table.last_round_seqs(spark, tag.job) if recorded == tag.round else None
-        if recorded > tag.round or held not in ((tag.first_seq, tag.last_seq), (1, EVERY_SEQ)):
+        within = held is not None and (tag.first_seq == tag.last_seq == 0 or (
+            held[0] <= tag.first_seq and tag.last_seq <= held[1]))
+        if not within:
             holds = f"batch {recorded - 1} of this query" + (
                 f" as seqs {held[0]}..{held[1]}" if held else "")
             raise TerminalError(

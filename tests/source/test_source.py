@@ -24,7 +24,8 @@ from js_etl.jetstream import ConnectionOptions, JetStreamSession, Secret
 from js_etl.jetstream.errors import AuthorizationError, NatsUnavailableError, StreamNotFoundError
 from js_etl.jetstream.message import parse_headers
 from js_etl.source import register
-from js_etl.source.datasource import FAULT_PROPERTY, load_error, subject_matches
+from js_etl.source.datasource import FAULT_PROPERTY, load_error, plan_read, subject_matches
+from js_etl.source.options import SourceOptions
 from js_etl.source.read_range import subjects_overlap
 
 COLUMNS = ["subject", "stream", "seq", "consumer_seq", "num_delivered", "published_at",
@@ -371,6 +372,17 @@ def test_decode_json_and_text_keep_undecodable_payloads_with_the_reason(source, 
     assert text.columns[7:] == ["text", "data", "error"]
     bad = text.where("error IS NOT NULL").collect()
     assert [(r.seq, r.text, r.data) for r in bad] == [(4, None, b"\xff\xfe")]
+
+
+def test_a_filter_on_the_subjects_a_transform_stores_is_not_refused(js, names, nats_server):
+    """A stream with a subject transform stores its messages under subjects its config does not
+    list: a filter on those is right, and cannot be checked against the config."""
+    js.run(js.admin.add_stream(names.stream, [f"{names.prefix}in.>"], subject_transform={
+        "src": f"{names.prefix}in.>", "dest": f"{names.prefix}out.>"}))
+    publish_and_wait(js, names, [(f"{names.prefix}in.x", b"{}")])
+    plan = plan_read(SourceOptions.parse({"servers": nats_server.url, "stream": names.stream,
+                                          "filter_subjects": f"{names.prefix}out.x"}))
+    assert (plan.lo, plan.hi, plan.filter_subjects) == (1, 1, (f"{names.prefix}out.x",))
 
 
 def test_subject_filters_follow_nats_wildcards():

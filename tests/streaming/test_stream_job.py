@@ -22,6 +22,7 @@ from deltalake import DeltaTable
 from drains import assert_no_process_left, config_for, drain_process, events, table_seqs
 from streams import add_stream, consumer, publish_and_wait, purge_stream
 
+from js_etl import faults
 from js_etl.errors import ConfigError, PurgedRangeError, RunRefusedError, TerminalError
 from js_etl.streaming.run import run_stream
 
@@ -161,6 +162,35 @@ def test_a_checkpoint_older_than_its_table_is_refused_not_resumed(
         run_stream(spark, config)
     assert raised.value.exit_code == 2 and "\n" not in str(raised.value)
     assert seqs(table) == list(range(1, 36))  # nothing more written
+
+
+def test_a_batch_written_before_a_crash_is_skipped_though_a_message_left_it_since(
+        spark, js, names, nats_server, tmp_path, monkeypatch):
+    """The run dies once its batch 1 is in the table, before Spark logged its commit (the
+    random-kill test's SIGKILL there, as an error in this process); then a message of that
+    batch is deleted (a GDPR delete, retention). The next run reads the batch again from its
+    logged offsets, less that message: the same batch, not a checkpoint older than the
+    table."""
+    add_stream(js, names)
+    table, checkpoint = tmp_path / "table", tmp_path / "checkpoint"
+    config = config_for(names, nats_server.url, table, f"streaming.checkpoint={checkpoint}",
+                        "streaming.max_messages_per_batch=10")
+    publish_and_wait(js, names, events(names, 30)[0])
+
+    def crash_after_batch_1(point: str, batch_id: int) -> None:
+        if (point, batch_id) == ("kill_after_batch_write", 1):
+            raise RuntimeError("crashed after the batch's appends")
+
+    monkeypatch.setattr(faults, "kill_at_batch", crash_after_batch_1)
+    with pytest.raises(Exception, match="crashed after the batch's appends"):
+        run_stream(spark, config)
+    monkeypatch.undo()
+    assert seqs(table) == list(range(1, 21))  # batches 0 and 1 written, 1 not committed
+    js.run(js.conn.request(f"STREAM.MSG.DELETE.{names.stream}", {"seq": 11}))
+
+    report = run_stream(spark, config)
+    assert report.batches_already_written == 1 and report.messages_written == 10
+    assert seqs(table) == list(range(1, 31))  # seq 11 was written before it was deleted
 
 
 def test_stream_runs_killed_at_random_points_write_every_message_once(
