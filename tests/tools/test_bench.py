@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -323,20 +324,25 @@ def test_the_performance_page_is_the_rendering_of_the_last_results_file():
             "## Structured Streaming against the drain"} <= set(page.splitlines())
 
 
+def _matrix(workloads: list[dict[str, Any]]) -> dict[str, Any]:
+    """A results file of the matrix, its machine and settings made up, for the page's tests."""
+    return {"machine": {"cpus": 2, "memory_gib": 1, "platform": "p", "python": "3",
+                        "versions": {}},
+            "settings": {"partitions": 2, "spark_master": "local[2]", "peer_batch": 5000,
+                         "repeat": 1, "decode_schemas": {"flat": "id BIGINT"}},
+            "workloads": workloads}
+
+
 def test_the_performance_page_marks_a_missed_target():
     from tools.bench.page import render
 
     leg = {"verified": True, "msg_per_s": 100, "msg_per_cpu_s": 50}
-    result = {"machine": {"cpus": 2, "memory_gib": 1, "platform": "p", "python": "3",
-                          "versions": {}},
-              "settings": {"partitions": 2, "spark_master": "local[2]", "peer_batch": 5000,
-                           "repeat": 1, "decode_schemas": {"flat": "id BIGINT"}},
-              "workloads": [{"target": "local", "schema": "flat", "messages": 10, "size": 256,
-                             "legs": {"simple_peer": leg, "js_etl": {**leg, "writer": "columnar"}},
-                             "ratios": {"js_etl_vs_simple_peer": 1.1},
-                             "targets": {"js_etl_vs_simple_peer": 1.2},
-                             "cpu_ratios": {"js_etl_vs_simple_peer": 1.0},
-                             "cpu_targets": {"js_etl_vs_simple_peer": 1.0}}]}
+    result = _matrix([{"target": "local", "schema": "flat", "messages": 10, "size": 256,
+                       "legs": {"simple_peer": leg, "js_etl": {**leg, "writer": "columnar"}},
+                       "ratios": {"js_etl_vs_simple_peer": 1.1},
+                       "targets": {"js_etl_vs_simple_peer": 1.2},
+                       "cpu_ratios": {"js_etl_vs_simple_peer": 1.0},
+                       "cpu_targets": {"js_etl_vs_simple_peer": 1.0}}])
     (row,) = [line for line in render(result).splitlines() if line.startswith("| local")]
     assert "| 1.10 (≥ 1.2: **not met**) |" in row and "| 1.00 (≥ 1: met) |" in row, row
 
@@ -345,11 +351,7 @@ def test_the_stream_job_gets_a_table_against_the_drain():
     from tools.bench.page import render
 
     leg = {"verified": True, "msg_per_s": 1000, "msg_per_cpu_s": 500}
-    result = {"machine": {"cpus": 2, "memory_gib": 1, "platform": "p", "python": "3",
-                          "versions": {}},
-              "settings": {"partitions": 2, "spark_master": "local[2]", "peer_batch": 5000,
-                           "repeat": 1, "decode_schemas": {"flat": "id BIGINT"}},
-              "workloads": []}
+    result = _matrix([])
     stream = {"settings": {"spark_master": "local[2]", "repeat": 2},
               "workloads": [
                   {"target": target, "schema": "flat", "messages": 10, "size": 4096,
@@ -376,11 +378,7 @@ def test_the_sweep_and_the_memory_check_get_a_section_and_a_chart_each():
     from tools.bench.page import charts, render
 
     leg = {"verified": True, "msg_per_s": 100, "msg_per_cpu_s": 50}
-    result = {"machine": {"cpus": 2, "memory_gib": 1, "platform": "p", "python": "3",
-                          "versions": {}},
-              "settings": {"partitions": 2, "spark_master": "local[2]", "peer_batch": 5000,
-                           "repeat": 1, "decode_schemas": {"flat": "id BIGINT"}},
-              "workloads": []}
+    result = _matrix([])
     sweep = {"settings": {"partitions_swept": [1, 4], "spark_master": "local[4]", "repeat": 2},
              "workloads": [{"size": size, "partitions": p,
                             "legs": {"client_limit": {**leg, "msg_per_s": 10 * p},
