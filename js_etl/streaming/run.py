@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -34,7 +34,13 @@ from typing import TYPE_CHECKING, Any
 
 from js_etl import faults
 from js_etl.decode.spark import with_partition_columns
-from js_etl.delta.table import CommitTag, DeltaTarget, job_tables, refuse_lossy_commits
+from js_etl.delta.table import (
+    EVERY_SEQ,
+    CommitTag,
+    DeltaTarget,
+    job_tables,
+    refuse_lossy_commits,
+)
 from js_etl.errors import ConfigError, JsEtlError, RunRefusedError, TerminalError
 from js_etl.report import RunReport, StopReason
 from js_etl.schema import DEAD_LETTER_COLUMNS
@@ -42,7 +48,7 @@ from js_etl.source import register
 from js_etl.source.datasource import NAME, load_error
 from js_etl.source.options import job_options
 from js_etl.source.stream import move_consumer
-from js_etl.spark.session import configure_s3a, is_connect
+from js_etl.spark.session import configure_s3a, hadoop_path, is_connect, java_class
 from js_etl.streaming.preflight import NOT_OVER_CONNECT, checkpoint_of
 
 if TYPE_CHECKING:
@@ -190,10 +196,14 @@ class BatchWriter:
             faults.kill_at_batch("kill_before_batch_write", batch_id)
             written: dict[str, Any] = {"batch": batch_id, "first_seq": stats["first"],
                                        "last_seq": stats["last"]}
+            def logged_end() -> int:
+                return _logged_end(spark, self.report.checkpoint, batch_id)
+
             dead_version = None
             if stats["dead"]:
                 dead = batch.where(F.col("error").isNotNull()).select(*DEAD_LETTER_COLUMNS)
-                dead_version = self._append(spark, self.dead_letters, dead, tag, [], False)
+                dead_version = self._append(spark, self.dead_letters, dead, tag, [], False,
+                                            logged_end)
                 faults.kill_at_batch("kill_between_tables", batch_id)
             decode = self.config.decode
             rows = batch.where(F.col("error").isNull()).drop(
@@ -201,7 +211,7 @@ class BatchWriter:
             rows, partition_by = with_partition_columns(
                 rows, list(self.config.target.partition_by))
             version = self._append(spark, self.target, rows, tag, partition_by,
-                                   decode.merge_schema)
+                                   decode.merge_schema, logged_end)
             faults.kill_at_batch("kill_after_batch_write", batch_id)
         finally:
             batch.unpersist()
@@ -225,20 +235,26 @@ class BatchWriter:
 
     @staticmethod
     def _append(spark: SparkSession, table: DeltaTarget, df: DataFrame, tag: CommitTag,
-                partition_by: list[str], merge_schema: bool) -> int | None:
+                partition_by: list[str], merge_schema: bool, logged_end: Callable[[], int]
+                ) -> int | None:
         """Append ``df`` as batch ``tag.round``; None where the table already holds it (a run
-        killed after this append and before Spark's commit of the batch). A table ahead of
-        that, or holding this batch with a range the batch now goes beyond, has a checkpoint
-        older than itself (put back from a copy): Spark re-planned the batch, and skipping it
-        would lose messages. A batch run again from its logged offsets reads the same range,
-        less what has left the stream since (a purge, a deleted message): within it."""
+        killed after this append and before Spark's commit of the batch). A batch run again
+        from its logged offsets reads the same range, less what has left the stream since (a
+        purge, a deleted message): within what the table holds, which ends before the logged
+        end (``logged_end``). A table ahead of that — holding the batch with a range the batch
+        now goes beyond, or ends before, or a later batch — has a checkpoint older than itself
+        (put back from a copy): Spark re-planned the batch, and skipping it would lose or
+        duplicate messages."""
         recorded, _ = table.job_round(spark, tag.job)
         if recorded < tag.round:
             return table.append(spark, df, tag, partition_by=partition_by,
                                 merge_schema=merge_schema)
         held = table.last_round_seqs(spark, tag.job) if recorded == tag.round else None
-        within = held is not None and (tag.first_seq == tag.last_seq == 0 or (
-            held[0] <= tag.first_seq and tag.last_seq <= held[1]))
+        if held == (1, EVERY_SEQ):  # its commit's log file was cleaned up: cannot tell
+            return None
+        within = held is not None and held[1] < logged_end() and (
+            tag.first_seq == tag.last_seq == 0
+            or (held[0] <= tag.first_seq and tag.last_seq <= held[1]))
         if not within:
             holds = f"batch {recorded - 1} of this query" + (
                 f" as seqs {held[0]}..{held[1]}" if held else "")
@@ -248,6 +264,18 @@ class BatchWriter:
                 "than the table (put back from a copy?); give the query the checkpoint that wrote "
                 "the table, or a new checkpoint and a new table")
         return None
+
+
+def _logged_end(spark: SparkSession, checkpoint: str, batch_id: int) -> int:
+    """Batch ``batch_id``'s end offset (a sequence) as Spark logged it in the checkpoint before
+    it ran the batch: the last line of ``offsets/<batch id>`` is the source's offset."""
+    path, fs = hadoop_path(spark, f"{checkpoint.rstrip('/')}/offsets/{batch_id}")
+    stream = fs.open(path)
+    try:
+        text = java_class(spark, "org.apache.commons.io.IOUtils").toString(stream, "UTF-8")
+    finally:
+        stream.close()
+    return int(json.loads(str(text).strip().splitlines()[-1])["seq"])
 
 
 def _add_offsets(batches: list[dict[str, Any]], progress: list[Any]) -> None:

@@ -16,6 +16,7 @@ import shutil
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from deltalake import DeltaTable
@@ -139,29 +140,37 @@ def test_a_checkpoint_older_than_its_table_is_refused_not_resumed(
         spark, js, names, nats_server, tmp_path):
     """A checkpoint put back from an earlier copy: Spark plans the next batch afresh, under a
     batch id the table already holds with another range. Skipping it as written before would
-    lose the difference (seqs 36..40 here)."""
+    lose the difference where the batch now goes beyond it (seqs 36..40 here), or write again
+    what the held batch has past its new end (a smaller batch: a lower limit, or a byte limit
+    after the stream's average size grew)."""
     add_stream(js, names)
     table, checkpoint = tmp_path / "table", tmp_path / "checkpoint"
-    config = config_for(names, nats_server.url, table, f"streaming.checkpoint={checkpoint}",
-                        "streaming.max_messages_per_batch=10")
+
+    def config(per_batch: int) -> Any:
+        return config_for(names, nats_server.url, table, f"streaming.checkpoint={checkpoint}",
+                          f"streaming.max_messages_per_batch={per_batch}")
 
     def publish(n: int) -> None:
         publish_and_wait(js, names, events(names, n)[0])
 
+    def put_back_the_copy() -> None:
+        shutil.rmtree(checkpoint)
+        shutil.copytree(tmp_path / "copy", checkpoint)
+
     publish(30)
-    assert len(run_stream(spark, config).batches) == 3
+    assert len(run_stream(spark, config(10)).batches) == 3
     shutil.copytree(checkpoint, tmp_path / "copy")
     publish(5)
-    assert [b["first_seq"] for b in run_stream(spark, config).batches] == [31]  # seqs 31..35
+    assert [b["first_seq"] for b in run_stream(spark, config(10)).batches] == [31]  # 31..35
     publish(20)
-    shutil.rmtree(checkpoint)
-    shutil.copytree(tmp_path / "copy", checkpoint)
-    with pytest.raises(TerminalError, match="already holds batch 3 of this query as seqs "
-                       "31..35, but its checkpoint now plans batch 3 as seqs 31..40: the "
-                       "checkpoint is older than the table") as raised:
-        run_stream(spark, config)
-    assert raised.value.exit_code == 2 and "\n" not in str(raised.value)
-    assert seqs(table) == list(range(1, 36))  # nothing more written
+    for per_batch, planned in ((10, "31..40"), (2, "31..32")):
+        put_back_the_copy()
+        with pytest.raises(TerminalError, match="already holds batch 3 of this query as seqs "
+                           f"31..35, but its checkpoint now plans batch 3 as seqs {planned}: the "
+                           "checkpoint is older than the table") as raised:
+            run_stream(spark, config(per_batch))
+        assert raised.value.exit_code == 2 and "\n" not in str(raised.value)
+        assert seqs(table) == list(range(1, 36))  # nothing more written
 
 
 def test_a_batch_written_before_a_crash_is_skipped_though_a_message_left_it_since(
