@@ -41,6 +41,10 @@ def find_weed() -> str:
     return found
 
 
+class _PortTaken(RuntimeError):
+    """weed could not bind a port found free a moment before."""
+
+
 class LocalS3Server:
     def __init__(self, data_dir: str | os.PathLike[str] | None = None) -> None:
         self._owns_dir = data_dir is None
@@ -64,6 +68,21 @@ class LocalS3Server:
                 "AWS_ALLOW_HTTP": "true"}
 
     def start(self, timeout: float = 60.0) -> Self:
+        """Start weed on free ports. A port found free can be taken by another process before
+        weed binds it (another test's server on this box): weed then exits at once saying so,
+        and it is started again on other ports, in an emptied folder (the first start's
+        filer state would refuse the readiness probe's bucket)."""
+        for attempt in range(3):
+            try:
+                return self._start(timeout)
+            except _PortTaken:
+                if attempt == 2:
+                    raise
+                shutil.rmtree(self.data_dir, ignore_errors=True)
+                self.port = free_port()
+        raise AssertionError("unreachable")
+
+    def _start(self, timeout: float) -> Self:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         identities = self.data_dir / "s3.json"
         identities.write_text(json.dumps({"identities": [{
@@ -97,7 +116,8 @@ class LocalS3Server:
         probe = "js-etl-ready"
         while True:
             if self._proc.poll() is not None:
-                raise RuntimeError(f"weed exited with {self._proc.returncode}: {self._tail()}")
+                error = _PortTaken if "address already in use" in self._log() else RuntimeError
+                raise error(f"weed exited with {self._proc.returncode}: {self._tail()}")
             try:
                 self.create_bucket(probe)
                 store = self.store(probe)
@@ -111,12 +131,14 @@ class LocalS3Server:
                                        f"{self._tail()}") from None
                 time.sleep(0.1)
 
-    def _tail(self) -> str:
+    def _log(self) -> str:
         try:
-            text = (self.data_dir / "weed.log").read_text(errors="replace")
+            return (self.data_dir / "weed.log").read_text(errors="replace")
         except OSError:
             return "(no log)"
-        return " | ".join(text.splitlines()[-5:])
+
+    def _tail(self) -> str:
+        return " | ".join(self._log().splitlines()[-5:])
 
     def store(self, bucket: str) -> Any:
         """An obstore client of ``bucket``, for the tests' own reads and writes."""
