@@ -45,7 +45,13 @@ from js_etl.delta.rules import (
 from js_etl.delta.store import TableFiles, table_root
 from js_etl.errors import ConfigError, TerminalError, TransientError, one_line
 from js_etl.schema import REQUIRED_COLUMNS
-from js_etl.spark.session import hadoop_path, is_connect, java_class, lossy_s3_log_store
+from js_etl.spark.session import (
+    hadoop_path,
+    hadoop_read_text,
+    is_connect,
+    java_class,
+    lossy_s3_log_store,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -615,12 +621,7 @@ def log_actions(spark: SparkSession, location: str, version: int) -> list[dict[s
         if data is None:
             raise FileNotFoundError(f"{location}/{name}")
         return [json.loads(line) for line in data.decode().splitlines() if line.strip()]
-    path, fs = hadoop_path(spark, f"{location}/_delta_log/{version:020d}.json")
-    stream = fs.open(path)
-    try:
-        text = str(java_class(spark, "org.apache.commons.io.IOUtils").toString(stream, "UTF-8"))
-    finally:
-        stream.close()
+    text = hadoop_read_text(spark, f"{location}/_delta_log/{version:020d}.json")
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 

@@ -286,6 +286,17 @@ def hadoop_path(spark: SparkSession, path: str) -> tuple[Any, Any]:
     return hpath, hpath.getFileSystem(spark._jsc.hadoopConfiguration())
 
 
+def hadoop_read_text(spark: SparkSession, path: str) -> str:
+    """A small UTF-8 file, read whole on the driver through :func:`hadoop_path` (no Spark job).
+    Raises Py4JJavaError (FileNotFoundException) where it is missing."""
+    hpath, fs = hadoop_path(spark, path)
+    stream = fs.open(hpath)
+    try:
+        return str(java_class(spark, "org.apache.commons.io.IOUtils").toString(stream, "UTF-8"))
+    finally:
+        stream.close()
+
+
 def configure_s3a(spark: SparkSession, environ: Mapping[str, str] | None = None) -> None:
     """Point Spark's S3A connector (Hadoop's, for ``s3a://`` and ``s3://`` paths) at the store
     the ``AWS_*`` variables name, the ones deltalake and obstore read (js_etl.delta.store): one

@@ -48,7 +48,7 @@ from js_etl.source import register
 from js_etl.source.datasource import NAME, load_error
 from js_etl.source.options import job_options
 from js_etl.source.stream import move_consumer
-from js_etl.spark.session import configure_s3a, hadoop_path, is_connect, java_class
+from js_etl.spark.session import configure_s3a, hadoop_read_text, is_connect
 from js_etl.streaming.preflight import NOT_OVER_CONNECT, checkpoint_of
 
 if TYPE_CHECKING:
@@ -269,13 +269,8 @@ class BatchWriter:
 def _logged_end(spark: SparkSession, checkpoint: str, batch_id: int) -> int:
     """Batch ``batch_id``'s end offset (a sequence) as Spark logged it in the checkpoint before
     it ran the batch: the last line of ``offsets/<batch id>`` is the source's offset."""
-    path, fs = hadoop_path(spark, f"{checkpoint.rstrip('/')}/offsets/{batch_id}")
-    stream = fs.open(path)
-    try:
-        text = java_class(spark, "org.apache.commons.io.IOUtils").toString(stream, "UTF-8")
-    finally:
-        stream.close()
-    return int(json.loads(str(text).strip().splitlines()[-1])["seq"])
+    text = hadoop_read_text(spark, f"{checkpoint.rstrip('/')}/offsets/{batch_id}")
+    return int(json.loads(text.strip().splitlines()[-1])["seq"])
 
 
 def _add_offsets(batches: list[dict[str, Any]], progress: list[Any]) -> None:
