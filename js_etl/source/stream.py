@@ -205,26 +205,22 @@ class NatsJetStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
         lo, hi = partition.value
         check = self.parsed.streaming.fail_on_data_loss
         filtered = bool(self.plan.filter_subjects)
-        unread_from = lo  # every sequence below it was read (or is above a gap judged)
-        for batch in read_partition(self.plan, (lo, hi)):
-            seqs = batch.column("seq")
-            if check and len(seqs):
-                gap = seqs[0].as_py() > unread_from or (not filtered and len(seqs) < (
-                    seqs[-1].as_py() - seqs[0].as_py() + 1))
-                if gap:
-                    self._refuse_loss(lo, hi, _first_unread(seqs, unread_from, filtered))
-                unread_from = seqs[-1].as_py() + 1
-            yield batch
-        if check and unread_from <= hi:
-            self._refuse_loss(lo, hi, unread_from)
-
-    def _refuse_loss(self, lo: int, hi: int, unread: int) -> None:
-        """Fail if the stream's front is past ``unread``, a sequence of ``[lo, hi]`` the task
-        has not read."""
-        with JetStreamSession(self.options) as js:
-            first = _first(source_stream_info(js, self.plan.stream, "the option stream"))
-        if first > unread:
-            raise _data_loss(self.plan.stream, unread, min(first - 1, hi), first)
+        front = _Front(self.options, self.plan.stream)
+        unread_from = lo  # every sequence below it was read, or skipped and judged
+        try:
+            for batch in read_partition(self.plan, (lo, hi)):
+                seqs = batch.column("seq")
+                if check and len(seqs):
+                    gap = seqs[0].as_py() > unread_from or (not filtered and len(seqs) < (
+                        seqs[-1].as_py() - seqs[0].as_py() + 1))
+                    if gap:
+                        front.refuse_past(_first_unread(seqs, unread_from, filtered), hi)
+                    unread_from = seqs[-1].as_py() + 1
+                yield batch
+            if check and unread_from <= hi:
+                front.refuse_past(unread_from, hi)
+        finally:
+            front.close()
 
     # --- helpers -------------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -295,6 +291,29 @@ def move_consumer_on(js: JetStreamSession, stream: str, consumer: str, seq: int,
     delivered)."""
     if claim_cursor(js, stream, consumer, lease_bucket, query).delivered.stream_seq + 1 < seq:
         js.run(js.admin.reset_consumer(stream, consumer, seq))
+
+
+class _Front:
+    """Where a task's stream begins now, asked as often as the read needs over one connection
+    (made at the first question, closed with the read)."""
+
+    def __init__(self, options: ConnectionOptions, stream: str) -> None:
+        self.options, self.stream = options, stream
+        self._js: JetStreamSession | None = None
+
+    def refuse_past(self, unread: int, hi: int) -> None:
+        """Fail if the front is past ``unread``, a sequence of the range up to ``hi`` the task
+        has not read."""
+        if self._js is None:
+            self._js = JetStreamSession(self.options)
+        first = _first(source_stream_info(self._js, self.stream, "the option stream"))
+        if first > unread:
+            raise _data_loss(self.stream, unread, min(first - 1, hi), first)
+
+    def close(self) -> None:
+        if self._js is not None:
+            self._js.close()
+            self._js = None
 
 
 def _first_unread(seqs: pa.Array, unread_from: int, filtered: bool) -> int:
