@@ -130,12 +130,10 @@ def resolve_sequences(js: JetStreamSession, stream: StreamInfo, request: RangeRe
                              f"{format_instant(request.from_time)}: its last message is seq "
                              f"{last}, stored at {_ts(stream.state.last_ts)}")
         lo, stored = found
-        if lo == first and first > 1 and request.from_time < parse_instant(stored):
+        gone = gone_since(stream, request.from_time, found)
+        if gone is not None:
             raise PurgedRangeError(
-                f"stream {name} no longer holds messages before seq {first} (purged or expired; "
-                f"seq {first} was stored at {stored}), so messages from "
-                f"{format_instant(request.from_time)} may be gone: start at "
-                f"{spelling.setting('from_seq', first)} (or "
+                f"{gone}: start at {spelling.setting('from_seq', first)} (or "
                 f"{spelling.setting('from_time', stored)}) to {spelling.what} what is left")
     else:
         lo = first if request.from_seq is None else int(request.from_seq)
@@ -170,6 +168,19 @@ def resolve_sequences(js: JetStreamSession, stream: StreamInfo, request: RangeRe
                      f"the {spelling.what} started")
         hi = last
     return SequenceRange(lo, hi, resolved, tuple(notes), stream)
+
+
+def gone_since(stream: StreamInfo, from_time: int, found: tuple[int, str]) -> str | None:
+    """Why messages stored from ``from_time`` may be gone, or None: ``found``, the first
+    message stored at or after it, is the stream's first, stored after ``from_time``, and
+    messages before it were removed (purged or expired)."""
+    seq, stored = found
+    first = stream.state.first_seq
+    if seq == first > 1 and from_time < parse_instant(stored):
+        return (f"stream {stream.name} no longer holds messages before seq {first} (purged or "
+                f"expired; seq {first} was stored at {stored}), so messages from "
+                f"{format_instant(from_time)} may be gone")
+    return None
 
 
 def refuse_work_queue(stream: StreamInfo, what: str) -> None:

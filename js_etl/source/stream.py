@@ -44,12 +44,12 @@ from pyspark.sql.streaming.datasource import (
 from js_etl.durable.cursor import check_query, claim_cursor
 from js_etl.durable.policy import source_stream_info
 from js_etl.errors import ConfigError, PurgedRangeError, RangeError, StreamReplacedError
-from js_etl.instant import format_instant, parse_instant
+from js_etl.instant import format_instant
 from js_etl.jetstream import ConnectionOptions, JetStreamSession, StreamInfo
 from js_etl.jetstream.admin import first_message_at_or_after
 from js_etl.source.datasource import Pushed, ReadPlan, read_partition
 from js_etl.source.options import SourceOptions
-from js_etl.source.read_range import split_range
+from js_etl.source.read_range import gone_since, split_range
 
 log = logging.getLogger(__name__)
 
@@ -100,25 +100,17 @@ class NatsJetStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
             found = self._session().run(first_message_at_or_after(
                 self._session().admin, info.name, format_instant(request.from_time)))
             seq = found[0] if found is not None else last + 1
-            if found is not None and seq == first > 1 and request.from_time < parse_instant(
-                    found[1]):  # the messages stored from then on may have left the front
-                self._lost_before(info, request.from_time, first, found[1])
+            gone = gone_since(info, request.from_time, found) if found is not None else None
+            if gone is not None:
+                if streaming.fail_on_data_loss:
+                    raise PurgedRangeError(f"{gone}: start at from_seq={seq}, or set "
+                                           "fail_on_data_loss=false to start there")
+                log.warning("%s: starting at seq %d (fail_on_data_loss=false)", gone, seq)
         else:
             seq = last + 1 if streaming.start == "latest" else first
         if streaming.commit_consumer is not None:  # a new query's token (Spark asks a
             self.query = uuid.uuid4().hex  # restarted one too, then starts from its checkpoint)
         return self._offset(info, seq)
-
-    def _lost_before(self, info: StreamInfo, from_time: int, first: int, stored: str) -> None:
-        """``from_time`` is before the stream's first message, and messages before it are
-        gone: fail as data loss does, or with ``fail_on_data_loss=false`` start at it."""
-        text = (f"stream {info.name} no longer holds messages before seq {first} (purged or "
-                f"expired; seq {first} was stored at {stored}), so messages from "
-                f"{format_instant(from_time)} may be gone")
-        if self.parsed.streaming.fail_on_data_loss:
-            raise PurgedRangeError(f"{text}: start at from_seq={first}, or set "
-                                   "fail_on_data_loss=false to start there")
-        log.warning("%s: starting at seq %d (fail_on_data_loss=false)", text, first)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         streaming = self.parsed.streaming
